@@ -1,0 +1,1 @@
+"""qknorm-fairseq: a fairseq --user-dir plugin."""

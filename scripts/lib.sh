@@ -1,0 +1,43 @@
+# Shared bash helpers for the qknorm-fairseq pipelines. Source it; do not run it.
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# Every path can be moved with an environment variable:
+#   DATA_DIR (data/), DATA_BIN (data-bin/), CKPT_DIR (checkpoints/), LOG_DIR (logs/),
+#   RESULTS_DIR (results/), VENV (.venv/).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DATA_DIR=${DATA_DIR:-$ROOT/data}
+DATA_BIN=${DATA_BIN:-$ROOT/data-bin}
+CKPT_DIR=${CKPT_DIR:-$ROOT/checkpoints}
+LOG_DIR=${LOG_DIR:-$ROOT/logs}
+RESULTS_DIR=${RESULTS_DIR:-$ROOT/results}
+VENV=${VENV:-$ROOT/.venv}
+USER_DIR=$ROOT/qknorm_fairseq
+
+log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf '[%s] error: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
+
+# Creates or reuses .venv (scripts/install.sh is idempotent) and puts it first on PATH.
+activate_env() {
+  VENV=$VENV bash "$ROOT/scripts/install.sh"
+  # shellcheck disable=SC1091
+  source "$VENV/bin/activate"
+}
+
+# atomic_write DEST CMD [ARGS...]: runs CMD with stdout to DEST.tmp.$$ and renames it into
+# place only when CMD succeeded, so a later stage never sees a half-written file.
+atomic_write() {
+  local dest=$1 tmp="$1.tmp.$$"
+  shift
+  mkdir -p "$(dirname "$dest")"
+  if "$@" >"$tmp"; then mv -f "$tmp" "$dest"; else local rc=$?; rm -f "$tmp"; return $rc; fi
+}
+
+# done_marker DIR: true when a stage finished in DIR (see mark_done).
+is_done() { [[ -f $1/.done ]]; }
+mark_done() { mkdir -p "$1" && date -u +%FT%TZ >"$1/.done"; }
+
+# has_gpu: true when torch sees a CUDA device.
+has_gpu() { python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+
+# recipe PAIR KEY: one value from configs/PAIR.yaml (see qknorm_fairseq/recipes.py).
+recipe() { python -m qknorm_fairseq.recipes get "$1" "$2"; }
