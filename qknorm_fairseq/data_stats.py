@@ -43,3 +43,15 @@ def g0_from_length(length):
     if length <= 1:
         raise ValueError(f"QKNorm's g0 = log2(L^2 - L) needs L > 1, got L = {length}")
     return math.log2(length * length - length)
+
+
+def token_types(prefix):
+    """Sorted array of the distinct token ids stored in PREFIX.bin (fairseq mmap format)."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    if not os.path.exists(prefix + ".idx"):
+        raise FileNotFoundError(f"{prefix}.idx not found: binarize the data with fairseq-preprocess first")
+    ds = MMapIndexedDataset(prefix)
+    types = np.unique(np.frombuffer(ds._bin_buffer, dtype=ds._index.dtype)).astype(np.int64)
+    del ds
+    return types

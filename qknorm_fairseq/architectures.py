@@ -1,0 +1,101 @@
+"""Named presets of `qknorm_transformer`: one per row of the papers' tables.
+
+A preset only sets defaults; every flag can still be overridden on the command line. Sizes are
+fairseq's transformer (d=512, d_ff=2048, 6+6 layers, 8 heads) with TwT's dropout 0.3 everywhere;
+per-pair sizes (gl->en: 4+4 layers, 4 heads, dropout 0.4) live in configs/.
+"""
+from fairseq.models import register_model_architecture
+from fairseq.models.transformer.transformer_legacy import base_architecture
+
+
+def _set(args, **defaults):
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+@register_model_architecture("qknorm_transformer", "qknorm_transformer")
+def qknorm_transformer(args):
+    """All flags at fairseq's defaults: the same network as fairseq's `transformer`."""
+    base_architecture(args)
+
+
+def twt_common(args, prenorm):
+    # TwT Appendix A: same dropout on sublayer outputs, ReLU and attention weights; tied
+    # source/target/output embeddings; word dropout 0.1; output masked to the target vocabulary.
+    _set(args, dropout=0.3, attention_dropout=0.3, activation_dropout=0.3, share_all_embeddings=True,
+         word_dropout=0.1, target_vocab_mask=True, init_scheme="smallinit",
+         encoder_normalize_before=prenorm, decoder_normalize_before=prenorm)
+    base_architecture(args)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_postnorm")
+def transformer_postnorm(args):
+    """TwT Table 3 row 'PostNorm + LayerNorm' (the baseline, with SmallInit)."""
+    twt_common(args, prenorm=False)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_prenorm")
+def transformer_prenorm(args):
+    """TwT Table 3 row 'PreNorm + LayerNorm'."""
+    twt_common(args, prenorm=True)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_fixnorm")
+def transformer_fixnorm(args):
+    """TwT Table 3 row 'PreNorm + FixNorm + LayerNorm'."""
+    _set(args, fixnorm=True)
+    twt_common(args, prenorm=True)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_scalenorm")
+def transformer_scalenorm(args):
+    """TwT Table 3 row 'PreNorm + FixNorm + ScaleNorm' ("Transformers without Tears")."""
+    _set(args, norm_type="scalenorm")
+    transformer_fixnorm(args)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_scalenorm_fixed_g")
+def transformer_scalenorm_fixed_g(args):
+    """TwT Table 7 row 'fixed g': ScaleNorm with g = sqrt(d) except in the final decoder norm."""
+    _set(args, scalenorm_fixed_g=True)
+    transformer_scalenorm(args)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_rmsnorm")
+def transformer_rmsnorm(args):
+    """TwT Table 7 row 'RMSNorm': PreNorm + FixNorm with RMSNorm in place of ScaleNorm."""
+    _set(args, norm_type="rmsnorm")
+    transformer_fixnorm(args)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_qknorm")
+def transformer_qknorm(args):
+    """QKNorm Tables 2/3 row 'QKNorm + LayerNorm': PreNorm + FixNorm + LayerNorm, QKNorm in all
+    three attentions, g0 = log2(L^2 - L)."""
+    _set(args, encoder_attention="qknorm", decoder_attention="qknorm", cross_attention="qknorm")
+    transformer_fixnorm(args)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_lpqknorm")
+def transformer_lpqknorm(args):
+    """Lp-QKNorm (Lopez-Rubio et al.): QKNorm with the l_p norm; p = 4 by default, the best value
+    of that paper's experiment (p in {2.5, 3, 3.5, 4} all beat p = 2 there). Set --qknorm-p."""
+    _set(args, qknorm_p=4.0)
+    transformer_qknorm(args)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_dnas")
+def transformer_dnas(args):
+    """PreNorm + FixNorm + LayerNorm with doubly-normalised attention (DNAS) in encoder
+    self-attention over scaled dot-product scores."""
+    _set(args, encoder_attention="dnas")
+    transformer_fixnorm(args)
+
+
+@register_model_architecture("qknorm_transformer", "transformer_hnas")
+def transformer_hnas(args):
+    """As transformer_dnas with hybrid attention (HNAS): u * DNAS + (1 - u) * softmax, u learned
+    per encoder layer, initialised to 0.5."""
+    _set(args, encoder_attention="hnas")
+    transformer_fixnorm(args)

@@ -1,0 +1,218 @@
+"""Multi-head attention with pluggable scores and normalisation.
+
+Scores:   dot     q.k / sqrt(d_head)                     (Vaswani et al.)
+          qknorm  g * (q/||q||_p) . (k/||k||_p)            (Henry et al. 2020; Lp: p >= 1)
+Weights:  softmax over keys
+          dnas    one Sinkhorn step: normalise over queries, then over keys (doubly-normalised attention)
+          hnas    u * dnas + (1 - u) * softmax, u = sigmoid(learned scalar), one per module
+
+The module keeps fairseq's MultiheadAttention interface (key padding masks, attn_mask, incremental
+state with cached keys/values, static_kv, beam reordering, need_weights/need_head_weights) and
+replaces its forward: fairseq's own forward sends encoder self-attention and teacher-forced decoder
+self-attention through F.multi_head_attention_forward, which no subclass hook can reach.
+"""
+import math
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from torch import Tensor, nn
+
+ATTENTION_TYPES = ("softmax", "qknorm", "dnas", "hnas", "qknorm+dnas", "qknorm+hnas")
+
+
+def parse_attention_type(name):
+    """'qknorm+hnas' -> ('qknorm', 'hnas'); 'dnas' -> ('dot', 'dnas'); 'softmax' -> ('dot', 'softmax')."""
+    if name not in ATTENTION_TYPES:
+        raise ValueError(f"unknown attention type {name!r}; choose one of {', '.join(ATTENTION_TYPES)}")
+    parts = name.split("+")
+    scores = "qknorm" if parts[0] == "qknorm" else "dot"
+    weights = parts[-1] if parts[-1] in ("dnas", "hnas") else "softmax"
+    return scores, weights
+
+
+def lp_normalize(x, p, eps=1e-6):
+    """x / ||x||_p along the last dim, computed in fp32 (non-integer p is fragile in half precision)."""
+    xf = x.float()
+    return (xf / torch.linalg.vector_norm(xf, ord=p, dim=-1, keepdim=True).clamp(min=eps)).type_as(x)
+
+
+def dnas_log_weights(scores, query_pad=None):
+    """log xi for DNAS: scores minus their logsumexp over queries (dim -2), padded queries excluded.
+
+    scores: (..., n_queries, n_keys) with key masks NOT yet applied, so every column has a finite
+    logsumexp and no NaN reaches the backward pass. query_pad: bool (..., n_queries, 1), True = pad.
+    """
+    over_queries = scores if query_pad is None else scores.masked_fill(query_pad, float("-inf"))
+    return scores - torch.logsumexp(over_queries, dim=-2, keepdim=True)
+
+
+class NormAttention(MultiheadAttention):
+    def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, self_attention=False,
+                 encoder_decoder_attention=False, attention_type="softmax", qknorm_p=2.0, qknorm_g0=1.0,
+                 causal=False):
+        super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
+                         self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention)
+        self.scores, self.weights = parse_attention_type(attention_type)
+        self.attention_type = attention_type
+        if self.scores == "qknorm":
+            if not qknorm_p >= 1:
+                raise ValueError(f"--qknorm-p must be >= 1 (||.||_p is not a norm for p < 1), got {qknorm_p}")
+            self.p = float(qknorm_p)
+            self.qk_scale = nn.Parameter(torch.tensor(float(qknorm_g0)))
+        if self.weights in ("dnas", "hnas") and not self_attention:
+            raise ValueError(f"{attention_type} attention normalises over queries and needs self-attention")
+        if self.weights == "hnas":
+            self.hnas_logit = nn.Parameter(torch.zeros(()))  # u = sigmoid(0) = 0.5
+        # decoder self-attention: its attn_mask is always fairseq's future mask
+        self.causal = causal
+
+    def extra_repr(self):
+        return f"attention_type={self.attention_type}, heads={self.num_heads}, causal={self.causal}"
+
+    @property
+    def hnas_u(self):
+        return torch.sigmoid(self.hnas_logit)
+
+    def _heads(self, x, bsz):
+        # (len, bsz, embed) -> (bsz, heads, len, head_dim)
+        return x.contiguous().view(x.size(0), bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def forward(self, query, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False):
+        if before_softmax:
+            raise NotImplementedError("NormAttention does not return pre-softmax scores (before_softmax=True)")
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.size()
+
+        saved_state = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if "prev_key" in saved_state and static_kv:
+                key = value = None  # cross-attention: keys/values of the source are cached
+
+        q = self._heads(self.q_proj(query), bsz)
+        k = v = None
+        if self.self_attention:
+            k, v = self.k_proj(query), self.v_proj(query)
+        elif key is not None:
+            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == bsz:
+                # beam search: every beam of a sentence shares the source; keep one copy (as fairseq)
+                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0]
+                value = key
+            k, v = self.k_proj(key), self.v_proj(value)
+        kv_bsz = k.size(1) if k is not None else bsz
+        if k is not None:
+            k, v = self._heads(k, kv_bsz), self._heads(v, kv_bsz)
+
+        if saved_state is not None:
+            if "prev_key" in saved_state:
+                prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
+                kv_bsz = prev_k.size(0)
+                k = prev_k if static_kv else torch.cat([prev_k, k], dim=2)
+                v = prev_v if static_kv else torch.cat([prev_v, v], dim=2)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask, prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=kv_bsz, src_len=k.size(2), static_kv=static_kv)
+            saved_state["prev_key"], saved_state["prev_value"] = k, v
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved_state)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.bool()
+
+        beams = bsz // kv_bsz
+        if beams > 1:
+            # fold the beams of one sentence into the query axis: (kv_bsz, heads, beams*tgt, d)
+            q = q.view(kv_bsz, beams, self.num_heads, tgt_len, self.head_dim).transpose(1, 2)
+            q = q.reshape(kv_bsz, self.num_heads, beams * tgt_len, self.head_dim)
+            if attn_mask is not None:
+                attn_mask = attn_mask.repeat(beams, 1)
+
+        if self.scores == "qknorm":
+            q, k = lp_normalize(q, self.p), lp_normalize(k, self.p)
+
+        if self.weights == "softmax" and not need_weights:
+            out, weights = self._fused(q, k, v, key_padding_mask, attn_mask), None
+        else:
+            out, weights = self._explicit(q, k, v, key_padding_mask, attn_mask)
+
+        if beams > 1:
+            out = out.view(kv_bsz, self.num_heads, beams, tgt_len, self.head_dim).transpose(1, 2)
+            if weights is not None:
+                weights = weights.view(kv_bsz, self.num_heads, beams, tgt_len, -1).transpose(1, 2)
+        out = out.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
+        out = self.out_proj(out.reshape(tgt_len, bsz, self.embed_dim))
+        if weights is not None:
+            weights = weights.reshape(bsz, self.num_heads, tgt_len, -1).transpose(0, 1)  # (heads, bsz, tgt, src)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return out, weights
+
+    def _fused(self, q, k, v, key_padding_mask, attn_mask):
+        """Softmax attention through scaled_dot_product_attention (fused kernels where available)."""
+        if self.scores == "qknorm":
+            q, scale = q * self.qk_scale.to(q.dtype), 1.0  # fold g into q
+        else:
+            scale = self.scaling
+        dropout_p = self.dropout_module.p if self.training else 0.0
+        is_causal = self.causal and attn_mask is not None and key_padding_mask is None and q.size(2) == k.size(2)
+        mask = None
+        if not is_causal:
+            mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale)
+
+    def _additive_mask(self, key_padding_mask, attn_mask, dtype):
+        mask = None
+        if attn_mask is not None:
+            mask = attn_mask.to(dtype) if attn_mask.is_floating_point() else \
+                torch.zeros_like(attn_mask, dtype=dtype).masked_fill(attn_mask.bool(), float("-inf"))
+        if key_padding_mask is not None:
+            pad = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
+            pad = pad.masked_fill(key_padding_mask, float("-inf"))[:, None, None, :]
+            mask = pad if mask is None else mask + pad
+        return mask
+
+    def _explicit(self, q, k, v, key_padding_mask, attn_mask):
+        """Attention with explicit weights (needed for DNAS/HNAS and when weights are requested)."""
+        if self.scores == "qknorm":
+            scores = self.qk_scale * torch.matmul(q.float(), k.float().transpose(-1, -2))
+        else:
+            scores = torch.matmul(q.float() * self.scaling, k.float().transpose(-1, -2))
+        mask = self._additive_mask(None, attn_mask, torch.float32)
+        if mask is not None:
+            scores = scores + mask
+        key_pad = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+
+        def over_keys(s):
+            if key_pad is not None:
+                s = s.masked_fill(key_pad, float("-inf"))
+            return torch.softmax(s, dim=-1)
+
+        if self.weights == "softmax":
+            probs = over_keys(scores)
+        else:
+            # DNAS runs in encoder self-attention only, where query i is key i: reuse the key mask.
+            query_pad = None if key_padding_mask is None else key_padding_mask[:, None, :, None]
+            probs = over_keys(dnas_log_weights(scores, query_pad))
+            if self.weights == "hnas":
+                u = self.hnas_u
+                probs = u * probs + (1 - u) * over_keys(scores)
+        weights = probs
+        probs = self.dropout_module(probs).to(v.dtype)
+        return torch.matmul(probs, v), weights
+
+
+def init_small(attn: MultiheadAttention, embed_dim):
+    """SmallInit (TwT section 3.1): N(0, sqrt(2/(5d))) for the attention projections, zero biases."""
+    std = math.sqrt(2.0 / (5 * embed_dim))
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+        nn.init.normal_(proj.weight, mean=0.0, std=std)
+        if proj.bias is not None:
+            nn.init.zeros_(proj.bias)

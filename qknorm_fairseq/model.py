@@ -1,0 +1,293 @@
+"""`qknorm_transformer`: fairseq's Transformer with orthogonal normalisation flags.
+
+Every behaviour is composed through fairseq's build hooks (build_embedding, build_encoder,
+build_decoder, build_*_layer, build_self_attention, build_encoder_attention,
+build_output_projection); no forward pass of fairseq is copied.
+"""
+import argparse
+import logging
+import math
+
+import torch
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model
+from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase, TransformerModel
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from torch import nn
+
+from . import data_stats
+from .attention import ATTENTION_TYPES, NormAttention, init_small, parse_attention_type
+from .embeddings import FixNormEmbedding, FixNormOutputProjection
+from .norms import NORM_TYPES, build_norm
+
+logger = logging.getLogger(__name__)
+
+# Defaults of our flags: together they give fairseq's own transformer.
+DEFAULTS = dict(norm_type="layernorm", scalenorm_fixed_g=False, fixnorm=False, init_scheme="fairseq",
+                encoder_attention="softmax", decoder_attention="softmax", cross_attention="softmax",
+                qknorm_p=2.0, qknorm_length=None, qknorm_g0=None, qknorm_percentile=97.5,
+                word_dropout=0.0, target_vocab_mask=False)
+
+
+def add_qknorm_args(parser):
+    group = parser.add_argument_group("qknorm-fairseq: normalisation and attention")
+    group.add_argument("--norm-type", choices=NORM_TYPES,
+                       help="normalisation in every sublayer and the final norms (default: layernorm)")
+    group.add_argument("--scalenorm-fixed-g", action=argparse.BooleanOptionalAction,
+                       help="ScaleNorm: keep g fixed at sqrt(d) except in the final decoder norm (TwT Table 7)")
+    group.add_argument("--fixnorm", action=argparse.BooleanOptionalAction,
+                       help="FixNorm: l2-normalised tied embeddings, U(-0.01, 0.01) init (needs "
+                            "--share-all-embeddings)")
+    group.add_argument("--init-scheme", choices=("fairseq", "smallinit"),
+                       help="smallinit: attention N(0, sqrt(2/5d)), FFN N(0, sqrt(2/(d+d_ff))) (TwT 3.1); "
+                            "fairseq: fairseq's Xavier init (default)")
+    for site, what in (("encoder", "encoder self-attention"), ("decoder", "decoder self-attention"),
+                       ("cross", "encoder-decoder attention")):
+        group.add_argument(f"--{site}-attention", choices=ATTENTION_TYPES,
+                           help=f"attention in {what} (default: softmax). qknorm: l_p-normalised q and k "
+                                "with a learned scale g; dnas/hnas (encoder only): doubly-normalised/hybrid "
+                                "weights over dot-product scores, qknorm+dnas/qknorm+hnas over QKNorm scores")
+    group.add_argument("--qknorm-p", type=float, help="p of the l_p norm in QKNorm, p >= 1 (default: 2)")
+    group.add_argument("--qknorm-length", type=float,
+                       help="L for QKNorm's g0 = log2(L^2 - L); default: the --qknorm-percentile of the "
+                            "train split's source and target lengths in the data directory")
+    group.add_argument("--qknorm-g0", type=float, help="QKNorm's initial g, overriding --qknorm-length")
+    group.add_argument("--qknorm-percentile", type=float,
+                       help="percentile of training lengths used as L (default: 97.5)")
+    group.add_argument("--word-dropout", type=float,
+                       help="probability of replacing a source or target input token by <unk> in training")
+    group.add_argument("--target-vocab-mask", action=argparse.BooleanOptionalAction,
+                       help="set to -inf the logits of types never seen on the target side of the train "
+                            "split (use with --criterion masked_label_smoothed_cross_entropy)")
+
+
+def set_defaults(args):
+    for key, value in DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def check_args(args):
+    """Reject combinations that cannot work, with the reason."""
+    for site in ("decoder", "cross"):
+        kind = getattr(args, f"{site}_attention")
+        if parse_attention_type(kind)[1] != "softmax":
+            raise ValueError(
+                f"--{site}-attention {kind}: DNAS/HNAS normalise over queries, so in the decoder they would "
+                "let every position see future target tokens and could not run step by step in beam search; "
+                "use them in --encoder-attention only")
+    uses_qknorm = [s for s in ("encoder", "decoder", "cross") if getattr(args, f"{s}_attention").startswith("qknorm")]
+    if uses_qknorm and not args.qknorm_p >= 1:
+        raise ValueError(f"--qknorm-p {args.qknorm_p}: the l_p 'norm' is not a norm for p < 1; use p >= 1")
+    if args.qknorm_length is not None and args.qknorm_length <= 1:
+        raise ValueError(f"--qknorm-length {args.qknorm_length}: g0 = log2(L^2 - L) needs L > 1")
+    if not 0 < args.qknorm_percentile <= 100:
+        raise ValueError(f"--qknorm-percentile {args.qknorm_percentile} must be in (0, 100]")
+    if not 0 <= args.word_dropout < 1:
+        raise ValueError(f"--word-dropout {args.word_dropout} must be in [0, 1)")
+    if args.fixnorm and not args.share_all_embeddings:
+        raise ValueError("--fixnorm ties source, target and output embeddings: add --share-all-embeddings "
+                         "(and binarize with fairseq-preprocess --joined-dictionary)")
+    if args.target_vocab_mask and getattr(args, "criterion", None) == "label_smoothed_cross_entropy":
+        raise ValueError("--target-vocab-mask puts -inf logits into fairseq's label smoothing, which then "
+                         "sums them: use --criterion masked_label_smoothed_cross_entropy")
+    return uses_qknorm
+
+
+def _train_data(task):
+    data = task.cfg.data.split(":")[0]
+    return data, task.cfg.source_lang, task.cfg.target_lang
+
+
+def resolve_qknorm_g0(args, task):
+    if args.qknorm_g0 is not None:
+        logger.info(f"QKNorm g0 = {args.qknorm_g0:.4f} (given by --qknorm-g0)")
+        return args.qknorm_g0
+    if args.qknorm_length is not None:
+        g0 = data_stats.g0_from_length(args.qknorm_length)
+        logger.info(f"QKNorm g0 = {g0:.4f} from --qknorm-length L = {args.qknorm_length:g}")
+        return g0
+    data, src, tgt = _train_data(task)
+    try:
+        length = data_stats.length_percentile(data, src, tgt, args.qknorm_percentile)
+    except FileNotFoundError:
+        # Loading a trained model: g is a learned parameter and comes from the checkpoint.
+        logger.warning(f"no train split in {data}: QKNorm g0 left at 1.0 (the checkpoint's g will be loaded; "
+                       "to train, give --qknorm-length or --qknorm-g0 or binarized train data)")
+        return 1.0
+    g0 = data_stats.g0_from_length(length)
+    logger.info(f"QKNorm g0 = {g0:.4f} from L = {length:.2f}, the {args.qknorm_percentile:g}th percentile of "
+                f"source and target lengths of the train split in {data}")
+    return g0
+
+
+def target_vocab(task):
+    """Boolean (V,) of the types allowed at the output: those in the train targets, plus EOS."""
+    data, src, tgt = _train_data(task)
+    allowed = torch.ones(len(task.target_dictionary), dtype=torch.bool)
+    try:
+        types = data_stats.token_types(data_stats.split_prefix(data, "train", src, tgt, tgt))
+    except FileNotFoundError:
+        logger.warning(f"no train split in {data}: the target vocabulary mask comes from the checkpoint")
+        return allowed
+    allowed[:] = False
+    allowed[torch.from_numpy(types)] = True
+    allowed[task.target_dictionary.eos()] = True
+    logger.info(f"target vocabulary mask: {int(allowed.sum())} of {len(allowed)} types can be generated")
+    return allowed
+
+
+# --- layers -------------------------------------------------------------------------------------
+
+def _swap_norms(module, names, cfg, learnable=True):
+    for name in names:
+        old = getattr(module, name, None)
+        if old is not None and cfg.norm_type != "layernorm":
+            dim = old.normalized_shape[0]
+            setattr(module, name, build_norm(cfg.norm_type, dim, learnable_scale=learnable))
+
+
+def _small_init_ffn(layer):
+    d, d_ff = layer.fc1.in_features, layer.fc1.out_features
+    std = math.sqrt(2.0 / (d + d_ff))
+    for fc in (layer.fc1, layer.fc2):
+        nn.init.normal_(fc.weight, mean=0.0, std=std)
+        nn.init.zeros_(fc.bias)
+
+
+def _wrap(layer, cfg):
+    # as fairseq's build_*_layer: optional activation checkpointing and FSDP wrapping
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+
+
+def _attention(cfg, embed_dim, heads, kind, **kw):
+    return NormAttention(embed_dim, heads, dropout=cfg.attention_dropout, attention_type=kind,
+                         qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0_value, **kw)
+
+
+class QKEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc)
+        _swap_norms(self, ("self_attn_layer_norm", "final_layer_norm"), cfg, not cfg.scalenorm_fixed_g)
+        if cfg.init_scheme == "smallinit":
+            init_small(self.self_attn, self.embed_dim)
+            _small_init_ffn(self)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return _attention(cfg, embed_dim, cfg.encoder.attention_heads, cfg.encoder_attention, self_attention=True)
+
+
+class QKDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
+        _swap_norms(self, ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"), cfg,
+                    not cfg.scalenorm_fixed_g)
+        if cfg.init_scheme == "smallinit":
+            init_small(self.self_attn, self.embed_dim)
+            if self.encoder_attn is not None:
+                init_small(self.encoder_attn, self.embed_dim)
+            _small_init_ffn(self)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise ValueError("qknorm_transformer does not support add_bias_kv, add_zero_attn or "
+                             "--cross-self-attention")
+        return _attention(cfg, embed_dim, cfg.decoder.attention_heads, cfg.decoder_attention,
+                          self_attention=True, causal=True)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return _attention(cfg, embed_dim, cfg.decoder.attention_heads, cfg.cross_attention,
+                          kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True)
+
+
+# --- encoder and decoder ------------------------------------------------------------------------
+
+class QKEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc)
+        _swap_norms(self, ("layer_norm",), cfg, not cfg.scalenorm_fixed_g)
+
+    def build_encoder_layer(self, cfg):
+        return _wrap(QKEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class QKDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
+        _swap_norms(self, ("layer_norm",), cfg, learnable=True)  # the final norm's g always learns
+        # (V,) True where the type may be generated; persistent, so decoding needs no train data
+        self.register_buffer("allowed_types", torch.ones(len(dictionary), dtype=torch.bool))
+        self.mask_output = bool(cfg.target_vocab_mask)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap(QKDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def build_output_projection(self, cfg, dictionary, embed_tokens):
+        if cfg.fixnorm:
+            self.output_projection = FixNormOutputProjection(embed_tokens)
+        else:
+            super().build_output_projection(cfg, dictionary, embed_tokens)
+
+    def output_layer(self, features):
+        logits = super().output_layer(features)
+        if self.mask_output:
+            logits = logits.masked_fill(~self.allowed_types, float("-inf"))
+        return logits
+
+
+# --- model --------------------------------------------------------------------------------------
+
+@register_model("qknorm_transformer")
+class QKTransformerModel(TransformerModel):
+    """Transformer with PreNorm/PostNorm, LayerNorm/ScaleNorm/RMSNorm, FixNorm, SmallInit,
+    QKNorm/Lp-QKNorm and DNAS/HNAS, each set by its own flag (see --help)."""
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        self.word_dropout = args.word_dropout
+        self.unk = encoder.dictionary.unk()
+        self.nspecial = encoder.dictionary.nspecial
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_qknorm_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        set_defaults(args)
+        uses_qknorm = check_args(args)
+        args.qknorm_g0_value = resolve_qknorm_g0(args, task) if uses_qknorm else 1.0
+        model = super().build_model(args, task)
+        if args.target_vocab_mask:
+            model.decoder.allowed_types.copy_(target_vocab(task))
+        return model
+
+    @classmethod
+    def build_embedding(cls, args, dictionary, embed_dim, path=None):
+        if getattr(args, "fixnorm", False):
+            if path:
+                raise ValueError("--fixnorm with pretrained embeddings (--*-embed-path) is not supported")
+            return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad())
+        return super().build_embedding(args, dictionary, embed_dim, path)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return QKEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return QKDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention)
+
+    def drop_words(self, tokens):
+        """Word dropout (TwT Appendix A): replace non-special input tokens by <unk>."""
+        drop = torch.rand(tokens.shape, device=tokens.device) < self.word_dropout
+        return tokens.masked_fill(drop & (tokens >= self.nspecial), self.unk)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        if self.training and self.word_dropout > 0:
+            src_tokens, prev_output_tokens = self.drop_words(src_tokens), self.drop_words(prev_output_tokens)
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)

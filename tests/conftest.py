@@ -1,0 +1,97 @@
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+# Tiny models: one thread each is fastest, and avoids oversubscribing the 2-core CI machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(REPO, "qknorm_fairseq")
+SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+BIN = os.path.dirname(sys.executable)
+
+
+def run(cmd, cwd=None, env=None, check=True):
+    """Run a command (list); on failure show its output in the assertion message."""
+    full_env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
+    full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # the plugin must not need it
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-6000:]}")
+    return proc
+
+
+def fairseq(tool, *args, **kw):
+    return run([os.path.join(BIN, f"fairseq-{tool}"), *map(str, args)], **kw)
+
+
+def write_reverse_corpus(folder, n_train=400, n_valid=40, seed=1):
+    """A tiny learnable task: the target is the source reversed, with each word renamed."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(24)]
+    os.makedirs(folder, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_valid)):
+        with open(f"{folder}/{split}.src", "w") as fs, open(f"{folder}/{split}.tgt", "w") as ft:
+            for _ in range(n):
+                sent = [rng.choice(words) for _ in range(rng.randint(3, 8))]
+                fs.write(" ".join(sent) + "\n")
+                ft.write(" ".join("v" + w[1:] for w in reversed(sent)) + "\n")
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Raw text and a joined-dictionary data-bin of the reverse task."""
+    root = tmp_path_factory.mktemp("tiny")
+    write_reverse_corpus(root / "raw")
+    fairseq("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "raw/train",
+            "--validpref", root / "raw/valid", "--testpref", root / "raw/test", "--destdir", root / "bin",
+            "--joined-dictionary", "--workers", "1")
+    return root
+
+
+TINY_MODEL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+
+
+def train_args(data_bin, save_dir, arch, *extra, max_epoch=2):
+    return [data_bin, "--user-dir", USER_DIR, "--arch", arch, *TINY_MODEL, "--optimizer", "adam",
+            "--lr", "0.005", "--max-tokens", "2000", "--max-epoch", str(max_epoch), "--save-dir", save_dir,
+            "--criterion", "masked_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--share-all-embeddings", "--no-progress-bar", "--log-interval", "1", "--seed", "1",
+            "--num-workers", "0", "--no-epoch-checkpoints", *extra]
+
+
+def fairseq_inprocess(tool, *args):
+    """Run fairseq_cli.<tool>.cli_main in this process (the code behind the fairseq-<tool> command,
+    without paying its start-up time again); returns everything it logged."""
+    import importlib
+    import io
+    import logging
+    from unittest import mock
+
+    from fairseq import checkpoint_utils
+
+    module = importlib.import_module(f"fairseq_cli.{tool}")
+    # fairseq keeps the best validation score of a run on a function attribute: forget it
+    checkpoint_utils.save_checkpoint.__dict__.pop("best", None)
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logging.Formatter("%(name)s | %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    level, root.level = root.level, logging.INFO
+    try:
+        with mock.patch.object(sys, "argv", [f"fairseq-{tool}", *map(str, args)]):
+            module.cli_main()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return buffer.getvalue()

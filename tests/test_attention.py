@@ -1,0 +1,165 @@
+"""NormAttention against naive implementations of each formula, written independently here."""
+import math
+
+import pytest
+import torch
+
+from qknorm_fairseq.attention import NormAttention, lp_normalize
+
+torch.manual_seed(0)
+D, H = 16, 4
+HD = D // H
+
+
+def naive(attn, x_q, x_kv, key_pad=None, causal=False):
+    """Loop-based reference: per batch, per head, per query; returns (out, weights[b, h, i, j])."""
+    T, B, _ = x_q.shape
+    S = x_kv.shape[0]
+    q = attn.q_proj(x_q).view(T, B, H, HD)
+    k = attn.k_proj(x_kv).view(S, B, H, HD)
+    v = attn.v_proj(x_kv).view(S, B, H, HD)
+    W = torch.zeros(B, H, T, S)
+    out = torch.zeros(T, B, H, HD)
+    for b in range(B):
+        valid_k = [j for j in range(S) if key_pad is None or not key_pad[b, j]]
+        valid_q = [i for i in range(T) if attn.weights == "softmax" or key_pad is None or not key_pad[b, i]]
+        for h in range(H):
+            s = torch.full((T, S), float("-inf"))
+            for i in range(T):
+                for j in valid_k:
+                    if causal and j > i:
+                        continue
+                    if attn.scores == "qknorm":
+                        qi = q[i, b, h] / q[i, b, h].abs().pow(attn.p).sum().pow(1 / attn.p)
+                        kj = k[j, b, h] / k[j, b, h].abs().pow(attn.p).sum().pow(1 / attn.p)
+                        s[i, j] = attn.qk_scale * (qi @ kj)
+                    else:
+                        s[i, j] = (q[i, b, h] @ k[j, b, h]) / math.sqrt(HD)
+            soft = torch.zeros(T, S)
+            for i in range(T):
+                e = torch.exp(s[i] - s[i].max())
+                soft[i] = e / e.sum()
+            if attn.weights == "softmax":
+                w = soft
+            else:
+                # xi: normalise exp(s) over the valid queries of each key, then pi over keys
+                e = torch.exp(s)
+                xi = torch.zeros(T, S)
+                for j in valid_k:
+                    xi[:, j] = e[:, j] / sum(e[i2, j] for i2 in valid_q)
+                pi = xi / xi.sum(dim=1, keepdim=True)
+                w = pi if attn.weights == "dnas" else attn.hnas_u * pi + (1 - attn.hnas_u) * soft
+            W[b, h] = w
+            out[:, b, h] = w @ v[:, b, h]
+    out = attn.out_proj(out.reshape(T, B, D))
+    return out, W
+
+
+def make(kind, **kw):
+    attn = NormAttention(D, H, self_attention=kw.pop("self_attention", True), attention_type=kind,
+                         qknorm_g0=kw.pop("g0", 3.0), **kw)
+    if attn.weights == "hnas":
+        attn.hnas_logit.data.fill_(0.7)  # u != 0.5 so a wrong mixture would show
+    return attn.eval()
+
+
+def padded_batch(B=3, T=6):
+    x = torch.randn(T, B, D)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[1, -2:] = True
+    pad[2, -1:] = True
+    return x, pad
+
+
+@pytest.mark.parametrize("kind,p", [("softmax", 2), ("qknorm", 2), ("qknorm", 3.5), ("dnas", 2), ("hnas", 2),
+                                    ("qknorm+dnas", 2), ("qknorm+hnas", 1.5)])
+def test_encoder_self_attention_matches_naive(kind, p):
+    attn = make(kind, qknorm_p=p)
+    x, pad = padded_batch()
+    with torch.no_grad():
+        ref_out, ref_w = naive(attn, x, x, key_pad=pad)
+        out, w = attn(x, x, x, key_padding_mask=pad, need_weights=True, need_head_weights=True)
+        fast, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
+    valid = ~pad.t()[:, :, None]  # outputs at padded positions are unused
+    assert torch.allclose(out * valid, ref_out * valid, atol=1e-5)
+    assert torch.allclose(fast * valid, ref_out * valid, atol=1e-5)
+    w = w.transpose(0, 1)  # (bsz, heads, tgt, src)
+    for b in range(3):
+        n = int((~pad[b]).sum())
+        assert torch.allclose(w[b, :, :n, :n], ref_w[b, :, :n, :n], atol=1e-5)
+        assert torch.all(w[b, :, :, n:] == 0), "padded keys must get zero weight"
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kind", ["softmax", "qknorm"])
+def test_causal_self_attention_matches_naive(kind):
+    attn = make(kind)
+    x = torch.randn(5, 2, D)
+    future = torch.triu(torch.full((5, 5), float("-inf")), 1)
+    with torch.no_grad():
+        ref_out, ref_w = naive(attn, x, x, causal=True)
+        attn.causal = False  # explicit mask path
+        out, w = attn(x, x, x, attn_mask=future, need_head_weights=True)
+        attn.causal = True  # is_causal fast path
+        fast, _ = attn(x, x, x, attn_mask=future, need_weights=False)
+    assert torch.allclose(out, ref_out, atol=1e-5)
+    assert torch.allclose(fast, ref_out, atol=1e-5)
+    assert torch.allclose(w.transpose(0, 1), ref_w, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "qknorm"])
+def test_cross_attention_matches_naive(kind):
+    attn = make(kind, self_attention=False, encoder_decoder_attention=True)
+    q, (kv, pad) = torch.randn(4, 3, D), padded_batch()
+    with torch.no_grad():
+        ref_out, _ = naive(attn, q, kv, key_pad=pad)
+        out, _ = attn(q, kv, kv, key_padding_mask=pad, need_weights=False, static_kv=True)
+    assert torch.allclose(out, ref_out, atol=1e-5)
+
+
+def test_dnas_rows_sum_to_one_and_lemma_1():
+    attn = make("dnas")
+    x, pad = padded_batch(B=3, T=7)
+    x = x * 4  # peaked scores: a softmax would starve some keys
+    with torch.no_grad():
+        _, w = attn(x, x, x, key_padding_mask=pad, need_head_weights=True)
+    w = w.transpose(0, 1)
+    for b in range(3):
+        n = int((~pad[b]).sum())
+        valid = w[b, :, :n, :n]
+        assert torch.allclose(valid.sum(-1), torch.ones(H, n), atol=1e-5)
+        # Lemma 1: every valid key receives total attention >= 1 / n_keys
+        assert torch.all(valid.sum(dim=-2) >= 1.0 / n - 1e-6)
+
+
+def test_dnas_gradients_are_finite_with_padding():
+    attn = make("dnas").train()
+    attn.dropout_module.p = 0.0
+    x, pad = padded_batch()
+    x.requires_grad_(True)
+    out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
+
+
+def test_hnas_u_starts_at_one_half():
+    attn = NormAttention(D, H, self_attention=True, attention_type="hnas")
+    assert attn.hnas_u.item() == 0.5
+
+
+def test_lp_normalize_has_unit_norm_in_half_precision():
+    x = torch.randn(10, 8).to(torch.bfloat16) * 100
+    y = lp_normalize(x, 3.5)
+    assert y.dtype == torch.bfloat16
+    norms = y.float().abs().pow(3.5).sum(-1).pow(1 / 3.5)
+    assert torch.allclose(norms, torch.ones(10), atol=1e-2)
+
+
+def test_invalid_configurations_are_rejected():
+    with pytest.raises(ValueError, match="must be >= 1"):
+        NormAttention(D, H, self_attention=True, attention_type="qknorm", qknorm_p=0.5)
+    with pytest.raises(ValueError, match="self-attention"):
+        NormAttention(D, H, encoder_decoder_attention=True, attention_type="dnas")
+    with pytest.raises(ValueError, match="unknown attention type"):
+        NormAttention(D, H, self_attention=True, attention_type="sparsemax")

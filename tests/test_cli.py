@@ -1,0 +1,108 @@
+"""Every architecture through the real fairseq commands: train, generate, resume, validate."""
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from conftest import REPO, USER_DIR, fairseq, fairseq_inprocess, run, train_args
+from test_model import ARCHS
+
+
+def losses(log):
+    """Per-epoch train losses from fairseq's `| train | epoch NNN | loss X` lines."""
+    return [float(m) for m in re.findall(r"(?:^|\| )train \| epoch \d+ \| loss ([\d.]+)", log, re.M)]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    """Each architecture trained for 2 epochs by fairseq-train's own main (in this process)."""
+    out = {}
+    root = tmp_path_factory.mktemp("ckpt")
+    for arch in ARCHS:
+        out[arch] = (root / arch, fairseq_inprocess("train", *train_args(tiny_data / "bin", root / arch, arch)))
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_train_and_generate(tiny_data, trained, arch, tmp_path):
+    save_dir, log = trained[arch]
+    assert (save_dir / "checkpoint_last.pt").exists() and (save_dir / "checkpoint_best.pt").exists()
+    assert f"arch='{arch}'" in log or f"'arch': '{arch}'" in log
+    trace = losses(log)
+    assert len(trace) == 2 and trace[1] < trace[0], trace
+    fairseq_inprocess("generate", tiny_data / "bin", "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_last.pt",
+                      "--beam", "4", "--batch-size", "16", "--gen-subset", "valid", "--results-path", tmp_path)
+    out = (tmp_path / "generate-valid.txt").read_text()
+    hyps = [line for line in out.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 40, out[-2000:]
+    assert "BLEU4" in out
+
+
+def test_loss_decreases_on_tiny_overfit_task(tiny_data, tmp_path):
+    for arch in ("transformer_postnorm", "transformer_qknorm"):
+        log = fairseq_inprocess("train", *train_args(tiny_data / "bin", tmp_path / arch, arch, "--dropout", "0",
+                                                      "--attention-dropout", "0", "--activation-dropout", "0",
+                                                      "--word-dropout", "0", "--max-tokens", "500", "--lr", "0.003",
+                                                      max_epoch=10))
+        trace = losses(log)
+        assert len(trace) == 10
+        assert trace[-1] < 0.75 * trace[0], (arch, trace)
+
+
+def test_resume_from_checkpoint_last(tiny_data, trained, tmp_path):
+    save_dir, _ = trained["transformer_qknorm"]
+    resume_dir = tmp_path / "resume"
+    resume_dir.mkdir()
+    (resume_dir / "checkpoint_last.pt").write_bytes((save_dir / "checkpoint_last.pt").read_bytes())
+    proc = fairseq("train", *train_args(tiny_data / "bin", resume_dir, "transformer_qknorm", max_epoch=3))
+    log = proc.stdout + proc.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 3 @ \d+ updates\)", log), log[-3000:]
+    assert "epoch 003" in log and "epoch 001 |" not in log
+
+
+def test_validate_loads_checkpoint(tiny_data, trained):
+    save_dir, _ = trained["transformer_hnas"]
+    proc = fairseq("validate", tiny_data / "bin", "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_best.pt",
+                   "--valid-subset", "valid", "--batch-size", "16")
+    assert re.search(r"valid on 'valid' subset \| loss [\d.]+", proc.stdout + proc.stderr)
+
+
+def test_interactive_loads_checkpoint(tiny_data, trained):
+    save_dir, _ = trained["transformer_scalenorm"]
+    proc = run([os.path.join(os.path.dirname(sys.executable), "fairseq-interactive"), str(tiny_data / "bin"),
+                "--user-dir", USER_DIR, "--path", str(save_dir / "checkpoint_best.pt"), "--beam", "2",
+                "--source-lang", "src", "--target-lang", "tgt"], check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_installed_package_as_user_dir(tiny_data, trained, tmp_path):
+    """`--user-dir qknorm_fairseq` from any folder finds the installed package (next to fairseq)."""
+    save_dir, _ = trained["transformer_qknorm"]
+    proc = fairseq("generate", tiny_data / "bin", "--user-dir", "qknorm_fairseq", "--path",
+                   save_dir / "checkpoint_best.pt", "--beam", "2", "--batch-size", "16", cwd=tmp_path)
+    assert "BLEU4" in proc.stdout
+
+
+def test_import_then_user_dir_does_not_double_register(tiny_data):
+    code = ("import qknorm_fairseq, sys\n"
+            "from fairseq import options\n"
+            "p = options.get_training_parser()\n"
+            f"a = options.parse_args_and_arch(p, [{str(tiny_data / 'bin')!r}, '--user-dir', {USER_DIR!r}, "
+            "'--arch', 'transformer_qknorm'])\n"
+            "print('ok', a.arch)\n")
+    proc = run([sys.executable, "-c", code], cwd=REPO)
+    assert "ok transformer_qknorm" in proc.stdout
+
+
+def test_checkpoint_holds_no_unsafe_globals_beyond_the_allow_list(trained):
+    import torch
+
+    from qknorm_fairseq.checkpoint_compat import TRUSTED
+
+    names = {f"{t.__module__}.{t.__qualname__}" for t in TRUSTED}
+    for arch in ("transformer_qknorm", "transformer_postnorm"):
+        found = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(trained[arch][0] / "checkpoint_last.pt")))
+        assert found <= names, found - names
+    print(json.dumps(sorted(names)))

@@ -1,0 +1,232 @@
+"""The qknorm_transformer model and its presets, built in-process from real fairseq arguments."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from fairseq import options, tasks
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+from conftest import TINY_MODEL, USER_DIR
+from qknorm_fairseq.attention import NormAttention
+from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
+from qknorm_fairseq.norms import RMSNorm, ScaleNorm
+
+ARCHS = ["qknorm_transformer", "transformer_postnorm", "transformer_prenorm", "transformer_fixnorm",
+         "transformer_scalenorm", "transformer_scalenorm_fixed_g", "transformer_rmsnorm", "transformer_qknorm",
+         "transformer_lpqknorm", "transformer_dnas", "transformer_hnas"]
+
+
+def build(data_bin, arch, *extra):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(data_bin), "--user-dir", USER_DIR, "--arch", arch, *TINY_MODEL,
+                                                "--share-all-embeddings", "--criterion",
+                                                "masked_label_smoothed_cross_entropy", *extra])
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    return task.build_model(args), task
+
+
+def batch(task, bsz=3, src_len=7, tgt_len=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d = task.source_dictionary
+    src = torch.randint(d.nspecial, len(d), (bsz, src_len), generator=g)
+    src[:, -1] = d.eos()
+    src[1, :2] = d.pad()  # fairseq pads sources on the left
+    lengths = (src != d.pad()).sum(1)
+    prev = torch.randint(d.nspecial, len(d), (bsz, tgt_len), generator=g)
+    prev[:, 0] = d.eos()
+    return src, lengths, prev
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incremental_decoding_matches_full_forward(tiny_data, arch):
+    model, task = build(tiny_data / "bin", arch)
+    model.eval()
+    src, lengths, prev = batch(task)
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lengths)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out[:, -1])
+    step = torch.stack(steps, dim=1)
+    assert torch.equal(torch.isinf(full), torch.isinf(step))
+    finite = torch.isfinite(full)
+    assert finite.any()
+    assert torch.allclose(full[finite], step[finite], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["transformer_qknorm", "transformer_postnorm"])
+def test_beam_search_state_reordering(tiny_data, arch):
+    """Cross-attention keeps one copy of the source per sentence when beam > 1 (as fairseq does)."""
+    model, task = build(tiny_data / "bin", arch)
+    model.eval()
+    src, lengths, prev = batch(task, bsz=2)
+    beam = 3
+    order = torch.arange(2).repeat_interleave(beam)
+    with torch.no_grad():
+        enc = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=lengths), order)
+        prev = prev[order]
+        prev[:, 1:] = torch.randint(task.target_dictionary.nspecial, len(task.target_dictionary), prev[:, 1:].shape)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        model.decoder.set_beam_size(beam)
+        state = {}
+        perm = torch.tensor([2, 0, 1, 5, 3, 4])  # reorder hypotheses within each sentence's beam
+        out0, _ = model.decoder(prev[:, :1], encoder_out=enc, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, perm)
+        prev2 = torch.cat([prev[perm, :1], prev[:, 1:2]], dim=1)
+        out1, _ = model.decoder(prev2, encoder_out=enc, incremental_state=state)
+        ref, _ = model.decoder(prev2, encoder_out=enc)
+    finite = torch.isfinite(ref[:, -1])
+    assert torch.allclose(out1[:, -1][finite], ref[:, -1][finite], atol=1e-4)
+    assert torch.allclose(out0[:, 0][torch.isfinite(out0[:, 0])], full[:, 0][torch.isfinite(full[:, 0])], atol=1e-4)
+
+
+def test_custom_attention_runs_in_all_three_places(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_qknorm")
+    model.eval()
+    src, lengths, prev = batch(task)
+    sites = {"encoder self": [l.self_attn for l in model.encoder.layers],
+             "decoder self": [l.self_attn for l in model.decoder.layers],
+             "cross": [l.encoder_attn for l in model.decoder.layers]}
+    with torch.no_grad():
+        base, _ = model(src, lengths, prev)
+        for name, mods in sites.items():
+            assert all(isinstance(m, NormAttention) for m in mods)
+            calls = []
+            hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for m in mods]
+            old = [m.qk_scale.item() for m in mods]
+            for m in mods:
+                m.qk_scale.fill_(0.5)
+            changed, _ = model(src, lengths, prev)
+            for m, g in zip(mods, old):
+                m.qk_scale.fill_(g)
+            for h in hooks:
+                h.remove()
+            assert len(calls) == len(mods), name
+            fin = torch.isfinite(base)
+            assert not torch.allclose(base[fin], changed[fin]), f"g of {name} attention has no effect"
+
+
+def test_qknorm_g0_from_binarized_lengths(tiny_data):
+    lengths = []
+    for side in ("src", "tgt"):
+        with open(tiny_data / f"raw/train.{side}") as f:
+            lengths += [len(line.split()) + 1 for line in f]  # + EOS
+    lengths.sort()
+    # 97.5th percentile with linear interpolation, by hand
+    pos = 0.975 * (len(lengths) - 1)
+    lo = int(math.floor(pos))
+    L = lengths[lo] + (pos - lo) * (lengths[min(lo + 1, len(lengths) - 1)] - lengths[lo])
+    g0 = math.log2(L * L - L)
+    model, _ = build(tiny_data / "bin", "transformer_qknorm")
+    scales = [m.qk_scale.item() for m in model.modules() if isinstance(m, NormAttention)]
+    assert len(scales) == 6 and all(math.isclose(s, g0, rel_tol=1e-6) for s in scales)
+    model, _ = build(tiny_data / "bin", "transformer_qknorm", "--qknorm-length", "79")
+    assert math.isclose(model.encoder.layers[0].self_attn.qk_scale.item(), math.log2(79 * 78), rel_tol=1e-6)
+    assert math.isclose(math.log2(79 * 78), 12.59, abs_tol=0.005)  # the QKNorm paper's gl->en value
+    model, _ = build(tiny_data / "bin", "transformer_qknorm", "--qknorm-g0", "7.5")
+    assert model.decoder.layers[1].encoder_attn.qk_scale.item() == 7.5
+
+
+def test_target_vocab_mask(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_fixnorm")
+    d = task.target_dictionary
+    with open(tiny_data / "raw/train.tgt") as f:
+        seen = {d.index(w) for line in f for w in line.split()}
+    allowed = set(np.flatnonzero(model.decoder.allowed_types.numpy()).tolist())
+    assert allowed == seen | {d.eos()}
+    model.eval()
+    src, lengths, prev = batch(task)
+    with torch.no_grad():
+        logits, _ = model(src, lengths, prev)
+    assert torch.isinf(logits[..., ~model.decoder.allowed_types]).all()
+    assert torch.isfinite(logits[..., model.decoder.allowed_types]).all()
+
+
+def test_word_dropout_replaces_only_ordinary_tokens(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_prenorm", "--word-dropout", "0.5")
+    d = task.source_dictionary
+    tokens = torch.randint(d.nspecial, len(d), (200, 50))
+    tokens[:, 0], tokens[:, -1], tokens[:, 1] = d.pad(), d.eos(), d.unk()
+    dropped = model.drop_words(tokens)
+    changed = dropped != tokens
+    assert torch.all(dropped[changed] == d.unk())
+    assert not changed[:, [0, -1]].any()
+    assert 0.45 < changed[:, 2:-1].float().mean().item() < 0.55
+    model.eval()
+    src, lengths, prev = batch(task)
+    with torch.no_grad():
+        a, _ = model(src, lengths, prev)
+        b, _ = model(src, lengths, prev)
+    assert torch.equal(a, b), "no word dropout at inference"
+
+
+def test_norm_types_and_placement(tiny_data):
+    model, _ = build(tiny_data / "bin", "transformer_postnorm")
+    assert model.encoder.layer_norm is None and not model.encoder.layers[0].normalize_before
+    model, _ = build(tiny_data / "bin", "transformer_scalenorm")
+    norms = [m for m in model.modules() if isinstance(m, ScaleNorm)]
+    # 2 per encoder layer, 3 per decoder layer, 2 final norms
+    assert len(norms) == 2 * 2 + 2 * 3 + 2 and all(isinstance(n.g, torch.nn.Parameter) for n in norms)
+    model, _ = build(tiny_data / "bin", "transformer_scalenorm_fixed_g")
+    learned = [n for n, p in model.named_parameters() if n.endswith(".g")]
+    assert learned == ["decoder.layer_norm.g"]
+    model, _ = build(tiny_data / "bin", "transformer_rmsnorm")
+    assert sum(isinstance(m, RMSNorm) for m in model.modules()) == 12
+    model, _ = build(tiny_data / "bin", "transformer_hnas")
+    us = [l.self_attn.hnas_u.item() for l in model.encoder.layers]
+    assert us == [0.5, 0.5]
+    assert model.decoder.layers[0].self_attn.weights == "softmax"
+
+
+def test_stock_arch_equals_fairseq_transformer_in_size(tiny_data):
+    ours, _ = build(tiny_data / "bin", "qknorm_transformer")
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(tiny_data / "bin"), "--arch", "transformer", *TINY_MODEL,
+                                                "--share-all-embeddings"])
+    task = tasks.setup_task(args)
+    stock = task.build_model(args)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(ours) == count(stock)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--decoder-attention", "dnas"], "use them in --encoder-attention only"),
+    (["--cross-attention", "qknorm+hnas"], "future target tokens"),
+    (["--encoder-attention", "qknorm", "--qknorm-p", "0.5"], "not a norm for p < 1"),
+    (["--qknorm-length", "1"], "needs L > 1"),
+])
+def test_invalid_combinations(tiny_data, flags, message):
+    with pytest.raises(ValueError, match=message):
+        build(tiny_data / "bin", "transformer_qknorm", *flags)
+
+
+def test_fixnorm_needs_shared_embeddings(tiny_data):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--arch",
+                                                "qknorm_transformer", "--fixnorm", *TINY_MODEL])
+    with pytest.raises(ValueError, match="--share-all-embeddings"):
+        tasks.setup_task(args).build_model(args)
+
+
+def test_target_mask_rejects_stock_label_smoothing(tiny_data):
+    with pytest.raises(ValueError, match="masked_label_smoothed_cross_entropy"):
+        build(tiny_data / "bin", "transformer_prenorm", "--criterion", "label_smoothed_cross_entropy")
+
+
+def test_masked_label_smoothing():
+    torch.manual_seed(0)
+    lprobs = torch.log_softmax(torch.randn(5, 10), -1)
+    target = torch.tensor([1, 2, 3, 0, 4])
+    ours = masked_label_smoothed_nll_loss(lprobs, target, 0.1, ignore_index=0)
+    ref = label_smoothed_nll_loss(lprobs, target, 0.1, ignore_index=0)
+    assert all(torch.allclose(a, b) for a, b in zip(ours, ref)), "no mask: identical to fairseq"
+    allowed = torch.tensor([True] * 6 + [False] * 4)
+    masked = torch.log_softmax(torch.randn(5, 10).masked_fill(~allowed, float("-inf")), -1)
+    loss, nll = masked_label_smoothed_nll_loss(masked, target, 0.1, ignore_index=0)
+    sub = masked[:, allowed]  # the same loss computed on the allowed sub-vocabulary
+    ref_loss, ref_nll = label_smoothed_nll_loss(sub, target, 0.1, ignore_index=0)
+    assert torch.isfinite(loss) and torch.allclose(loss, ref_loss) and torch.allclose(nll, ref_nll)
