@@ -12,6 +12,9 @@ LOG_DIR=${LOG_DIR:-$ROOT/logs}
 RESULTS_DIR=${RESULTS_DIR:-$ROOT/results}
 VENV=${VENV:-$ROOT/.venv}
 USER_DIR=$ROOT/qknorm_fairseq
+# `python -m qknorm_fairseq.<tool>` runs this checkout's code, whatever is installed in the venv
+# (the tools skip fairseq's import, see qknorm_fairseq/__init__.py).
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[%s] error: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }

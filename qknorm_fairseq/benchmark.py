@@ -1,0 +1,443 @@
+"""Speed and memory of every preset against fairseq's `transformer`, and the convergence report.
+
+    python -m qknorm_fairseq.benchmark speed [--dim 256 --layers 3 --reps 5 ...] --out results/benchmark
+    python -m qknorm_fairseq.benchmark convergence --work DIR --systems postnorm scalenorm qknorm --out PREFIX
+
+`speed` builds every model in one process (same synthetic corpus, dictionary, batch, dimensions and
+dropout) and measures them interleaved, the order rotating each repetition:
+  - training: target tokens per second of forward + backward + Adam step, after warm-up steps;
+  - peak memory: on CUDA torch.cuda.max_memory_allocated over the training steps; on CPU (no
+    allocator statistics) the bytes of parameters, gradients, Adam state and the tensors autograd
+    saves for backward in one step (distinct storages), i.e. the memory a training step must hold;
+  - decoding: sentences per second of fairseq's beam search (beam 4), every hypothesis forced to
+    the same length (min_len = max_len) so untrained models do the same amount of work.
+Writes PREFIX.json and PREFIX.md (median, min, max and ratio of medians to the stock model).
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+
+import torch
+
+STOCK = "transformer"
+PRESETS = ["qknorm_transformer", "transformer_postnorm", "transformer_prenorm", "transformer_fixnorm",
+           "transformer_scalenorm", "transformer_scalenorm_fixed_g", "transformer_rmsnorm", "transformer_qknorm",
+           "transformer_lpqknorm", "transformer_dnas", "transformer_hnas"]
+SLOW_TARGET = {"transformer_dnas": 0.80, "transformer_hnas": 0.80}  # every other preset: 0.95
+METRICS = ("train_tok_s", "decode_sent_s", "peak_mem_mb")
+
+
+def target_ratio(arch):
+    return SLOW_TARGET.get(arch, 0.95)
+
+
+# ---------------------------------------------------------------- data and models
+
+def make_corpus(folder, vocab, n_sent, seed=0):
+    """A random parallel corpus with `vocab` word types per side, binarized with a joined dictionary."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    g = torch.Generator().manual_seed(seed)
+    raw = os.path.join(folder, "raw")
+    os.makedirs(raw, exist_ok=True)
+    for split in ("train", "valid"):
+        for lang in ("src", "tgt"):
+            ids = torch.randint(0, vocab, (n_sent, 12), generator=g).tolist()
+            with open(os.path.join(raw, f"{split}.{lang}"), "w") as f:
+                # every type appears at least once so the dictionary (and output layer) has `vocab` types
+                f.write(" ".join(f"w{i}" for i in range(vocab)) + "\n")
+                f.writelines(" ".join(f"w{i}" for i in row) + "\n" for row in ids)
+    parser = options.get_preprocessing_parser()
+    args = parser.parse_args(["--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
+                              "--validpref", f"{raw}/valid", "--destdir", os.path.join(folder, "bin"),
+                              "--joined-dictionary", "--workers", "1"])
+    preprocess.main(args)
+    return os.path.join(folder, "bin")
+
+
+def model_flags(opts):
+    d, L, h = opts.dim, opts.layers, opts.heads
+    ffn = opts.ffn or 4 * d
+    return ["--encoder-embed-dim", d, "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn,
+            "--decoder-ffn-embed-dim", ffn, "--encoder-layers", L, "--decoder-layers", L,
+            "--encoder-attention-heads", h, "--decoder-attention-heads", h, "--share-all-embeddings",
+            "--dropout", opts.dropout, "--attention-dropout", opts.dropout, "--activation-dropout", opts.dropout]
+
+
+def build(data_bin, arch, opts):
+    from fairseq import options, tasks
+
+    user_dir = os.path.dirname(os.path.abspath(__file__))
+    extra = [] if arch == STOCK else ["--qknorm-length", opts.src_len]
+    argv = [data_bin, "--user-dir", user_dir, "--arch", arch, "--source-lang", "src", "--target-lang", "tgt",
+            "--criterion", "masked_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            *model_flags(opts), *extra]
+    args = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in argv])
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    model = task.build_model(args).to(opts.device)
+    criterion = task.build_criterion(args).to(opts.device)
+    optim = torch.optim.Adam(model.parameters(), lr=1e-4)
+    return {"model": model, "criterion": criterion, "optim": optim, "task": task}
+
+
+def make_batch(task, bsz, src_len, tgt_len, device, seed):
+    d = task.source_dictionary
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(d.nspecial, len(d), (bsz, src_len), generator=g)
+    src[:, -1] = d.eos()
+    tgt = torch.randint(d.nspecial, len(d), (bsz, tgt_len), generator=g)
+    tgt[:, -1] = d.eos()
+    prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)  # fairseq's shifted target: EOS first
+    sample = {"id": torch.arange(bsz), "nsentences": bsz, "ntokens": bsz * tgt_len,
+              "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), src_len), "prev_output_tokens": prev},
+              "target": tgt}
+    return move(sample, device)
+
+
+def move(obj, device):
+    if torch.is_tensor(obj):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: move(v, device) for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------- measurements
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def autocast(opts):
+    if opts.dtype == "bf16":
+        return torch.autocast(device_type=opts.device.split(":")[0], dtype=torch.bfloat16)
+    return torch.autocast(device_type="cpu", enabled=False)
+
+
+def train_step(entry, sample, opts):
+    model, criterion, optim = entry["model"], entry["criterion"], entry["optim"]
+    with autocast(opts):
+        loss, _, _ = criterion(model, sample)
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    optim.step()
+
+
+def state_bytes(entry):
+    n = 0
+    for p in entry["model"].parameters():
+        n += 2 * p.numel() * p.element_size()  # parameter + gradient
+    for st in entry["optim"].state.values():
+        n += sum(t.numel() * t.element_size() for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
+    return n
+
+
+def saved_activation_bytes(entry, sample, opts):
+    """Bytes of the distinct storages autograd keeps for backward during one training forward."""
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    model, criterion = entry["model"], entry["criterion"]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(opts):
+        loss, _, _ = criterion(model, sample)
+    del loss
+    return sum(seen.values())
+
+
+def measure_train(entry, sample, opts):
+    entry["model"].train()
+    cuda = opts.device.startswith("cuda")
+    for _ in range(opts.warmup_steps):
+        train_step(entry, sample, opts)
+    sync(opts.device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(opts.train_steps):
+        train_step(entry, sample, opts)
+    sync(opts.device)
+    elapsed = time.perf_counter() - t0
+    if cuda:
+        mem = torch.cuda.max_memory_allocated()
+    else:
+        mem = state_bytes(entry) + saved_activation_bytes(entry, sample, opts)
+    return sample["ntokens"] * opts.train_steps / elapsed, mem / 2 ** 20
+
+
+@torch.no_grad()
+def measure_decode(entry, sample, opts):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model = entry["model"]
+    model.eval()
+    L = opts.tgt_len
+    gen = SequenceGenerator([model], entry["task"].target_dictionary, beam_size=opts.beam,
+                            max_len_a=0, max_len_b=L, min_len=L)
+    net = {"net_input": {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")}}
+    bsz = sample["net_input"]["src_tokens"].size(0)
+    with autocast(opts):
+        gen.generate([model], net)  # warm-up
+        sync(opts.device)
+        t0 = time.perf_counter()
+        for _ in range(opts.decode_batches):
+            out = gen.generate([model], net)
+        sync(opts.device)
+    elapsed = time.perf_counter() - t0
+    assert len(out) == bsz and all(len(h[0]["tokens"]) == L + 1 for h in out), "forced-length decoding failed"
+    return bsz * opts.decode_batches / elapsed
+
+
+# ---------------------------------------------------------------- environment and report
+
+def machine_info(opts):
+    import fairseq
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
+            "torch": torch.__version__, "fairseq": fairseq.__version__, "device": opts.device, "dtype": opts.dtype,
+            "load_average_start": list(os.getloadavg())}
+    if opts.device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def summarise(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def write_atomic(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def speed_markdown(res):
+    m, s = res["machine"], res["settings"]
+    lines = ["# Speed and memory benchmark", "",
+             f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
+             f"Machine: {m['cpu']} ({m['cpu_count']} CPUs, {m['torch_threads']} torch threads)"
+             + (f", GPU {m['gpu']} (CUDA {m['cuda']})" if "gpu" in m else "")
+             + f"; load average at start {m['load_average_start'][0]:.2f}, at end {m['load_average_end'][0]:.2f}  ",
+             f"Software: Python {m['python']}, torch {m['torch']}, fairseq {m['fairseq']}; device {m['device']}, "
+             f"{m['dtype']}  ",
+             f"Models: d={s['dim']}, d_ff={s['ffn']}, {s['layers']}+{s['layers']} layers, {s['heads']} heads, "
+             f"joined vocabulary {s['vocab']} types, shared embeddings, dropout {s['dropout']} "
+             "(dropout, attention and activation dropout alike for every model; the presets keep their own "
+             "word dropout and target-vocabulary mask)  ",
+             f"Training: batch {s['batch']} sentences x {s['src_len']} source / {s['tgt_len']} target tokens, "
+             f"{s['warmup_steps']} warm-up + {s['train_steps']} timed Adam steps; decoding: beam {s['beam']}, "
+             f"{s['decode_batches']} batches of {s['batch']} sentences, hypotheses forced to {s['tgt_len']} tokens. "
+             f"{s['reps']} interleaved repetitions; median [min-max]; ratio = median / median of stock "
+             f"fairseq `{STOCK}`.  ",
+             f"Peak memory: {res['memory_method']}", "",
+             "| model | train tok/s | ratio | decode sent/s | ratio | peak MB | ratio | target | met |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arch, r in res["models"].items():
+        def cell(k):
+            v = r[k]
+            return f"{v['median']:.1f} [{v['min']:.1f}-{v['max']:.1f}]"
+        if arch == STOCK:
+            lines.append(f"| {arch} (stock) | {cell('train_tok_s')} | 1 | {cell('decode_sent_s')} | 1 | "
+                         f"{cell('peak_mem_mb')} | 1 | | |")
+            continue
+        rt = r["ratio"]
+        lines.append(f"| {arch} | {cell('train_tok_s')} | {rt['train_tok_s']:.2f} | {cell('decode_sent_s')} | "
+                     f"{rt['decode_sent_s']:.2f} | {cell('peak_mem_mb')} | {rt['peak_mem_mb']:.2f} | "
+                     f">= {r['target']:.2f} | {'yes' if r['meets_target'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_speed(opts):
+    import qknorm_fairseq
+    qknorm_fairseq.register()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    if opts.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device; use --device cpu")
+    if opts.dtype == "bf16" and not opts.device.startswith("cuda"):
+        raise SystemExit("--dtype bf16 is for --device cuda; a CPU benchmark runs in fp32")
+    archs = [STOCK] + (opts.archs or PRESETS)
+    unknown = [a for a in archs[1:] if a not in PRESETS]
+    if unknown:
+        raise SystemExit(f"unknown preset(s) {unknown}; choose from {PRESETS}")
+    info = machine_info(opts)
+    with tempfile.TemporaryDirectory() as tmp:
+        data_bin = make_corpus(tmp, opts.vocab, n_sent=50)
+        entries = {}
+        for arch in archs:
+            print(f"[benchmark] building {arch}", file=sys.stderr, flush=True)
+            entries[arch] = build(data_bin, arch, opts)
+    vocab = len(entries[STOCK]["task"].target_dictionary)
+    sample = make_batch(entries[STOCK]["task"], opts.batch, opts.src_len, opts.tgt_len, opts.device, seed=1)
+    runs = {a: {k: [] for k in METRICS} for a in archs}
+    for rep in range(opts.reps):
+        shift = rep % len(archs)
+        for arch in archs[shift:] + archs[:shift]:  # rotate the order: no model always runs first
+            tok_s, mem = measure_train(entries[arch], sample, opts)
+            sent_s = measure_decode(entries[arch], sample, opts)
+            for k, v in zip(METRICS, (tok_s, sent_s, mem)):
+                runs[arch][k].append(v)
+            print(f"[benchmark] rep {rep + 1}/{opts.reps} {arch}: {tok_s:.0f} tok/s train, {sent_s:.1f} sent/s "
+                  f"decode, {mem:.1f} MB", file=sys.stderr, flush=True)
+    info["load_average_end"] = list(os.getloadavg())
+    models = {}
+    for arch in archs:
+        models[arch] = {k: summarise(runs[arch][k]) for k in METRICS}
+    for arch in archs[1:]:
+        r = models[arch]
+        r["ratio"] = {k: r[k]["median"] / models[STOCK][k]["median"] for k in METRICS}
+        r["target"] = target_ratio(arch)
+        r["meets_target"] = bool(r["ratio"]["train_tok_s"] >= r["target"] and r["ratio"]["decode_sent_s"] >= r["target"])
+    settings = {k: getattr(opts, k) for k in ("dim", "layers", "heads", "dropout", "batch", "src_len", "tgt_len",
+                                              "warmup_steps", "train_steps", "decode_batches", "beam", "reps")}
+    settings.update(ffn=opts.ffn or 4 * opts.dim, vocab=vocab)
+    res = {"command": "python -m qknorm_fairseq.benchmark " + " ".join(sys.argv[1:]),
+           "date": datetime.now().astimezone().isoformat(timespec="seconds"), "machine": info, "settings": settings,
+           "memory_method": ("torch.cuda.max_memory_allocated over the timed training steps"
+                             if opts.device.startswith("cuda") else
+                             "CPU estimate = parameters + gradients + Adam state + distinct storages saved "
+                             "by autograd for backward in one training forward"),
+           "stock": STOCK, "models": models}
+    os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
+    write_atomic(opts.out + ".json", json.dumps(res, indent=1) + "\n")
+    write_atomic(opts.out + ".md", speed_markdown(res))
+    print(speed_markdown(res))
+    return res
+
+
+# ---------------------------------------------------------------- convergence report
+
+def read_valid_log(path, start):
+    """(updates, wall-clock seconds since `start`, dev BLEU) for every validation in a fairseq JSON log."""
+    points = []
+    with open(path) as f:
+        for line in f:
+            if "| valid |" not in line:
+                continue
+            stamp, _, payload = line.partition(" | ")
+            stats = json.loads(line[line.index("{"):])
+            when = datetime.strptime(stamp.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
+            if "valid_bleu" not in stats:
+                raise SystemExit(f"{path}: validation without valid_bleu; train with --eval-bleu")
+            points.append({"updates": int(stats["valid_num_updates"]), "wall_s": round(when - start, 1),
+                           "bleu": float(stats["valid_bleu"]), "valid_loss": float(stats["valid_loss"])})
+    return points
+
+
+def cmd_convergence(opts):
+    curves = {}
+    for sys_name in opts.systems:
+        folder = os.path.join(opts.work, sys_name)
+        log_path, start_path = os.path.join(folder, "train.log"), os.path.join(folder, "start_time")
+        for p in (log_path, start_path):
+            if not os.path.exists(p):
+                raise SystemExit(f"{p} is missing: run `bash scripts/benchmark.sh --convergence` first")
+        with open(start_path) as f:
+            start = float(f.read())
+        curves[sys_name] = read_valid_log(log_path, start)
+        if not curves[sys_name]:
+            raise SystemExit(f"{log_path} has no validation yet")
+    res = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "work": opts.work,
+           "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+           "curves": curves}
+    if opts.settings:
+        res["settings"] = opts.settings
+    os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
+    write_atomic(opts.out + ".json", json.dumps(res, indent=1) + "\n")
+    lines = ["# Convergence on TED gl->en (dev BLEU)", "", f"Date: {res['date']}  ",
+             f"Settings: {opts.settings or 'see scripts/benchmark.sh --convergence'}", "",
+             "| system | updates | wall-clock s | dev BLEU | dev loss |", "|---|---|---|---|---|"]
+    for name, pts in curves.items():
+        lines += [f"| {name} | {p['updates']} | {p['wall_s']:.0f} | {p['bleu']:.2f} | {p['valid_loss']:.3f} |"
+                  for p in pts]
+    write_atomic(opts.out + ".md", "\n".join(lines) + "\n")
+    plot_convergence(curves, opts.out + ".png")
+    print("\n".join(lines))
+
+
+def plot_convergence(curves, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, pts in curves.items():
+        axes[0].plot([p["updates"] for p in pts], [p["bleu"] for p in pts], marker="o", label=name)
+        axes[1].plot([p["wall_s"] for p in pts], [p["bleu"] for p in pts], marker="o", label=name)
+    axes[0].set_xlabel("updates")
+    axes[1].set_xlabel("wall-clock (s, validation included)")
+    for ax in axes:
+        ax.set_ylabel("dev BLEU")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("TED gl->en dev BLEU")
+    fig.tight_layout()
+    tmp = f"{out}.tmp.{os.getpid()}.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("speed", help="training/decoding speed and memory of every preset vs stock transformer")
+    s.add_argument("--dim", type=int, default=256)
+    s.add_argument("--ffn", type=int, help="feed-forward size (default 4 * dim)")
+    s.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    s.add_argument("--heads", type=int, default=4)
+    s.add_argument("--vocab", type=int, default=4000, help="word types of the synthetic corpus")
+    s.add_argument("--dropout", type=float, default=0.1, help="dropout, attention and activation dropout, all models")
+    s.add_argument("--batch", type=int, default=32, help="sentences per batch")
+    s.add_argument("--src-len", type=int, default=24)
+    s.add_argument("--tgt-len", type=int, default=24)
+    s.add_argument("--warmup-steps", type=int, default=2)
+    s.add_argument("--train-steps", type=int, default=4)
+    s.add_argument("--decode-batches", type=int, default=1)
+    s.add_argument("--beam", type=int, default=4)
+    s.add_argument("--reps", type=int, default=5)
+    s.add_argument("--archs", nargs="+", help="presets to compare (default: all)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    s.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    s.add_argument("--out", default="results/benchmark", help="writes OUT.json and OUT.md")
+    c = sub.add_parser("convergence", help="dev BLEU vs updates and wall-clock from the convergence runs")
+    c.add_argument("--work", required=True, help="folder with one sub-folder per system (train.log, start_time)")
+    c.add_argument("--systems", nargs="+", required=True)
+    c.add_argument("--settings", help="free text describing the run, copied into the report")
+    c.add_argument("--out", default="results/convergence", help="writes OUT.json, OUT.md and OUT.png")
+    opts = p.parse_args(argv)
+    for k in ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam",
+              "reps", "vocab"):
+        if getattr(opts, k, 1) is not None and getattr(opts, k, 1) < 1:
+            p.error(f"--{k.replace('_', '-')} must be >= 1")
+    if opts.cmd == "speed":
+        if opts.dim % opts.heads:
+            p.error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
+        return cmd_speed(opts)
+    return cmd_convergence(opts)
+
+
+if __name__ == "__main__":
+    main()

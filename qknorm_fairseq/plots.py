@@ -1,0 +1,324 @@
+"""Plots of training logs and checkpoints (PNG, matplotlib Agg).
+
+    python -m qknorm_fairseq.plots dev-bleu  --log NAME=train.log [...] --out dev_bleu.png
+    python -m qknorm_fairseq.plots grad-norm --log NAME=train.log [...] --out grad_norm.png
+    python -m qknorm_fairseq.plots scales    --ckpt NAME=checkpoint_best.pt [...] --out scales.png
+    python -m qknorm_fairseq.plots attention --ckpt NAME=checkpoint_best.pt [...] --data-bin DIR
+                                             [--index I | --sentence "bpe text"] [--layer L] [--heads H ...]
+                                             --out attention.png
+
+``--pair P`` (with ``--log-dir``/``--ckpt-dir``, default logs/ and checkpoints/) takes every
+system of a pair instead of ``--log``/``--ckpt``. Logs are fairseq ``--log-format json`` files
+(``--log-file``): one JSON object per line, optionally after a ``... | INFO | valid |`` prefix.
+dev-bleu = TwT Figure 1, grad-norm = TwT Figure 2 (fairseq's ``gnorm``, before clipping),
+scales = TwT Figures 3-4 (ScaleNorm g and QKNorm g per layer, HNAS u = sigmoid(logit)),
+attention = QKNorm Figures 1-2 (encoder self-attention of chosen heads for one sentence).
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class PlotError(ValueError):
+    pass
+
+
+def parse_log(path):
+    """{'train_inner': [...], 'valid': [...], 'train': [...]} from a fairseq JSON log, with
+    fairseq's duplicated lines removed and numeric strings converted."""
+    if not os.path.isfile(path):
+        raise PlotError(f"train log {path!r} does not exist")
+    out = {"train_inner": [], "valid": [], "train": []}
+    seen = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            i = line.find('{"')
+            if i < 0:
+                continue
+            try:
+                rec = json.loads(line[i:])
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            key = json.dumps(rec, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            rec = {k: _num(v) for k, v in rec.items()}
+            if "valid_loss" in rec:
+                out["valid"].append(rec)
+            elif "train_loss" in rec:
+                out["train"].append(rec)
+            elif "loss" in rec and "num_updates" in rec:
+                out["train_inner"].append(rec)
+    return out
+
+
+def _num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def _named(items, flag):
+    pairs = []
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = os.path.basename(os.path.dirname(os.path.abspath(item))) or item, item
+        pairs.append((name, path))
+    if not pairs:
+        raise PlotError(f"nothing to plot: give {flag} NAME=PATH or --pair PAIR")
+    return pairs
+
+
+def _from_pair(pair, root, filename):
+    found = sorted(glob.glob(os.path.join(root, pair, "*", filename)))
+    if not found:
+        raise PlotError(f"no {filename} under {os.path.join(root, pair)}/<system>/")
+    return [(os.path.basename(os.path.dirname(p)), p) for p in found]
+
+
+def _save(fig, out):
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = f"{out}.tmp.{os.getpid()}.png"
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
+
+
+def plot_dev_bleu(logs, out, title=None):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, path in logs:
+        valid = [r for r in parse_log(path)["valid"] if "valid_bleu" in r]
+        if not valid:
+            raise PlotError(f"{path}: no validation BLEU (train with --eval-bleu and --log-format json)")
+        ax.plot([r["epoch"] for r in valid], [r["valid_bleu"] for r in valid], marker=".", label=name)
+    ax.set_xlabel("epoch (one validation each)")
+    ax.set_ylabel("dev BLEU")
+    ax.set_title(title or "Development BLEU per validation")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, out)
+
+
+def plot_grad_norm(logs, out, title=None):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, path in logs:
+        inner = [r for r in parse_log(path)["train_inner"] if "gnorm" in r]
+        if not inner:
+            raise PlotError(f"{path}: no train_inner records with gnorm (use --log-format json)")
+        ax.plot([r["num_updates"] for r in inner], [r["gnorm"] for r in inner], label=name, lw=1)
+    ax.set_xlabel("update")
+    ax.set_ylabel("global gradient norm (before clipping)")
+    ax.set_title(title or "Gradient norm during training")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, out)
+
+
+# Parameter names written by qknorm_fairseq/model.py (stock fairseq checkpoints have none).
+_SCALENORM_G = re.compile(r"^(encoder|decoder)\.(?:layers\.(\d+)\.)?(\w*layer_norm)\.g$")
+_QK_SCALE = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.qk_scale$")
+_HNAS = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.hnas_logit$")
+_NORM_ORDER = {"self_attn_layer_norm": 0, "encoder_attn_layer_norm": 1, "final_layer_norm": 2}
+
+
+def learned_scalars(state_dict):
+    """{'scalenorm': [(label, value)], 'qknorm': {group: [(layer, g)]}, 'hnas': {group: [(layer, u)]}}
+    in depth order, from parameter names."""
+    sn, qk, hn = [], {}, {}
+    for name, t in state_dict.items():
+        if getattr(t, "dim", lambda: 1)() != 0 and getattr(t, "numel", lambda: 0)() != 1:
+            continue
+        v = float(t)
+        if m := _SCALENORM_G.match(name):
+            side, layer, mod = m.group(1), m.group(2), m.group(3)
+            # final encoder/decoder norm comes after every layer
+            key = (side != "encoder", int(layer) if layer is not None else 10**6, _NORM_ORDER.get(mod, 3))
+            label = f"{side[:3]}{'' if layer is None else layer}.{mod.replace('_layer_norm', '') or 'final'}"
+            sn.append((key, label, v))
+        elif m := _QK_SCALE.match(name):
+            qk.setdefault(f"{m.group(1)} {m.group(3)}", []).append((int(m.group(2)), v))
+        elif m := _HNAS.match(name):
+            hn.setdefault(f"{m.group(1)} {m.group(3)}", []).append((int(m.group(2)), 1 / (1 + math.exp(-v))))
+    return {"scalenorm": [(lab, v) for _, lab, v in sorted(sn)],
+            "qknorm": {k: sorted(v) for k, v in qk.items()},
+            "hnas": {k: sorted(v) for k, v in hn.items()}}
+
+
+def _load_state(path):
+    import torch
+
+    if not os.path.isfile(path):
+        raise PlotError(f"checkpoint {path!r} does not exist")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if "model" not in state:
+        raise PlotError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
+    return state["model"]
+
+
+def plot_scales(ckpts, out, title=None):
+    found = [(name, learned_scalars(_load_state(path))) for name, path in ckpts]
+    panels = [k for k in ("scalenorm", "qknorm", "hnas") if any(s[k] for _, s in found)]
+    if not panels:
+        print("warning: no ScaleNorm g, QKNorm g or HNAS u in these checkpoints "
+              "(stock fairseq models have none)", file=sys.stderr)
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6 * max(len(panels), 1), 4.5), squeeze=False)
+    if not panels:
+        axes[0][0].text(0.5, 0.5, "no learned ScaleNorm / QKNorm / HNAS scalars\nin: "
+                        + ", ".join(n for n, _ in found), ha="center", va="center")
+        axes[0][0].set_axis_off()
+    for ax, panel in zip(axes[0], panels):
+        for name, s in found:
+            if panel == "scalenorm" and s["scalenorm"]:
+                labels = [lab for lab, _ in s["scalenorm"]]
+                ax.plot(range(len(labels)), [v for _, v in s["scalenorm"]], marker="o", label=name)
+                ax.set_xticks(range(len(labels)), labels, rotation=70, fontsize=7)
+                ax.set_ylabel("learned g")
+                ax.set_title("ScaleNorm g by depth")
+            elif panel != "scalenorm":
+                for group, pts in s[panel].items():
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{name}: {group}")
+                ax.set_xlabel("layer")
+                ax.set_ylabel("learned g" if panel == "qknorm" else "u (DNAS weight)")
+                ax.set_title("QKNorm g per layer" if panel == "qknorm" else "HNAS u per layer")
+                if panel == "hnas":
+                    ax.axhline(0.5, color="grey", ls="--", lw=0.8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, out)
+
+
+def encoder_attention(ckpt, data_bin, index=0, sentence=None, layer=0, split="test"):
+    """(tokens, weights[heads, tgt, src]) of encoder layer ``layer``'s self-attention for one
+    source sentence, recomputed with need_head_weights from the layer's captured input."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    import qknorm_fairseq
+
+    qknorm_fairseq.register()  # our models, and torch >= 2.6 loading of fairseq checkpoints
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([ckpt], arg_overrides={"data": data_bin})
+    model = models[0].eval()
+    src_dict = task.source_dictionary
+    if sentence is not None:
+        src = src_dict.encode_line(sentence, add_if_not_exist=False, append_eos=True).long()
+    else:
+        task.load_dataset(split)
+        ds = task.dataset(split)
+        if not 0 <= index < len(ds):
+            raise PlotError(f"--index {index} out of range: the {split} split has {len(ds)} sentences")
+        src = ds[index]["source"]
+    layers = model.encoder.layers
+    if not 0 <= layer < len(layers):
+        raise PlotError(f"--layer {layer} out of range: the encoder has {len(layers)} layers")
+    captured = {}
+
+    def hook(module, args, kwargs):
+        captured["query"] = kwargs.get("query", args[0] if args else None)
+        captured["key_padding_mask"] = kwargs.get("key_padding_mask")
+
+    attn = layers[layer].self_attn
+    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model.encoder(src.unsqueeze(0), src_lengths=torch.tensor([len(src)]))
+            x = captured["query"]
+            # static_kv=True changes nothing for self-attention without incremental state, but
+            # keeps fairseq off its F.multi_head_attention_forward fast path, which ignores
+            # need_head_weights and returns head-averaged weights.
+            _, w = attn(query=x, key=x, value=x, key_padding_mask=captured["key_padding_mask"],
+                        need_weights=True, need_head_weights=True, static_kv=True)
+    finally:
+        handle.remove()
+    if w is None or w.dim() != 4:
+        raise PlotError(f"{ckpt}: attention returned weights of shape "
+                        f"{None if w is None else tuple(w.shape)}, expected (heads, 1, tgt, src)")
+    tokens = [src_dict[i] for i in src.tolist()]
+    return tokens, w[:, 0].float().numpy()
+
+
+def plot_attention(ckpts, data_bin, out, index=0, sentence=None, layer=0, heads=None, title=None):
+    results = [(name, *encoder_attention(path, data_bin, index, sentence, layer)) for name, path in ckpts]
+    n_heads = results[0][2].shape[0]
+    heads = heads if heads else list(range(min(n_heads, 4)))
+    for h in heads:
+        if not 0 <= h < n_heads:
+            raise PlotError(f"--heads {h} out of range: the model has {n_heads} heads")
+    fig, axes = plt.subplots(len(results), len(heads), figsize=(3.2 * len(heads), 3.2 * len(results)),
+                             squeeze=False)
+    for r, (name, tokens, w) in enumerate(results):
+        for c, h in enumerate(heads):
+            ax = axes[r][c]
+            ax.imshow(w[h], cmap="viridis", vmin=0, vmax=1)
+            ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(tokens)), tokens, fontsize=6)
+            ax.set_title(f"{name}: layer {layer}, head {h}", fontsize=8)
+    fig.suptitle(title or "Encoder self-attention (rows: queries, columns: keys)")
+    return _save(fig, out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.plots", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for cmd in ("dev-bleu", "grad-norm"):
+        p = sub.add_parser(cmd)
+        p.add_argument("--log", action="append", metavar="NAME=PATH")
+        p.add_argument("--pair")
+        p.add_argument("--log-dir", default=os.environ.get("LOG_DIR", os.path.join(ROOT, "logs")))
+        p.add_argument("--out", required=True)
+        p.add_argument("--title")
+    for cmd in ("scales", "attention"):
+        p = sub.add_parser(cmd)
+        p.add_argument("--ckpt", action="append", metavar="NAME=PATH")
+        p.add_argument("--pair")
+        p.add_argument("--ckpt-dir", default=os.environ.get("CKPT_DIR", os.path.join(ROOT, "checkpoints")))
+        p.add_argument("--out", required=True)
+        p.add_argument("--title")
+        if cmd == "attention":
+            p.add_argument("--data-bin", required=True, help="the fairseq-preprocess folder of the pair")
+            p.add_argument("--index", type=int, default=0, help="sentence of the test split")
+            p.add_argument("--sentence", help="a BPE-segmented source sentence instead of --index")
+            p.add_argument("--layer", type=int, default=0)
+            p.add_argument("--heads", type=int, nargs="+")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd in ("dev-bleu", "grad-norm"):
+            logs = _from_pair(args.pair, args.log_dir, "train.log") if args.pair else _named(args.log, "--log")
+            fn = plot_dev_bleu if args.cmd == "dev-bleu" else plot_grad_norm
+            out = fn(logs, args.out, args.title)
+        else:
+            ckpts = (_from_pair(args.pair, args.ckpt_dir, "checkpoint_best.pt") if args.pair
+                     else _named(args.ckpt, "--ckpt"))
+            if args.cmd == "scales":
+                out = plot_scales(ckpts, args.out, args.title)
+            else:
+                out = plot_attention(ckpts, args.data_bin, args.out, args.index, args.sentence, args.layer,
+                                     args.heads, args.title)
+    except PlotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

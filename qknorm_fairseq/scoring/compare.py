@@ -1,0 +1,174 @@
+"""One comparison table per pair: every evaluated system, every metric, the delta to the
+baseline with its paired-bootstrap p-value, and the papers' published numbers beside ours.
+
+    python -m qknorm_fairseq.scoring.compare --pair PAIR --results-dir DIR [--baseline NAME]
+        [--metric M] [--detok D] [--lang L] [--published results/published.csv]
+
+Reads DIR/PAIR/<system>/{hyp.txt,scores.json} (written by scripts/evaluate.sh) and writes
+DIR/PAIR/compare.{md,csv,json}. ``sacrebleu_treebank`` is SacreBLEU after NLTK's Treebank
+detokenizer (QKNorm Table 3's procedure); the other metrics follow scripts/evaluate.sh.
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+
+from .bleu import ScoringError
+from .evaluate import METRICS, score_systems, write_atomic
+
+ALL_METRICS = METRICS + ("sacrebleu_treebank",)
+DEFAULT_PUBLISHED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                 "results", "published.csv")
+# Baseline preference when none is named: TwT's baseline, then QKNorm's (Nguyen & Salazar).
+BASELINE_ORDER = ("postnorm", "scalenorm", "prenorm")
+
+
+def load_published(path, pair):
+    if not os.path.exists(path):
+        raise ScoringError(f"published numbers {path!r} not found")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r["pair"] == pair]
+    for r in rows:
+        if r["metric"] not in ALL_METRICS:
+            raise ScoringError(f"{path}: unknown metric {r['metric']!r} (expected one of {ALL_METRICS})")
+        r["bleu"] = float(r["bleu"])
+    return rows
+
+
+def find_systems(pair_dir):
+    if not os.path.isdir(pair_dir):
+        raise ScoringError(f"no results in {pair_dir!r}: run scripts/evaluate.sh first")
+    systems = []
+    for name in sorted(os.listdir(pair_dir)):
+        d = os.path.join(pair_dir, name)
+        if os.path.isfile(os.path.join(d, "scores.json")) and os.path.isfile(os.path.join(d, "hyp.txt")):
+            systems.append(name)
+    if not systems:
+        raise ScoringError(f"no evaluated systems (<system>/scores.json + hyp.txt) in {pair_dir!r}")
+    return systems
+
+
+def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, metric=None, detok=None,
+          lang="en", n_samples=1000, seed=12345):
+    pair_dir = os.path.join(results_dir, pair)
+    systems = find_systems(pair_dir)
+    metas = {s: json.load(open(os.path.join(pair_dir, s, "scores.json"))) for s in systems}
+    refs = {tuple(m["reference"]) for m in metas.values()}
+    if len(refs) != 1:
+        raise ScoringError(f"systems of {pair} were scored against different references: {sorted(refs)}")
+    ref = list(refs.pop())
+    first = metas[systems[0]]
+    metric = metric or first["metric"]
+    detok = detok or first["detok"]
+    if baseline is None:
+        baseline = next((b for b in BASELINE_ORDER if b in systems), systems[0])
+    elif baseline not in systems:
+        raise ScoringError(f"baseline {baseline!r} has no results in {pair_dir} (have: {', '.join(systems)})")
+    hyps = [(s, os.path.join(pair_dir, s, "hyp.txt")) for s in systems]
+    main = score_systems(ref, hyps, baseline=baseline, detok=detok, lang=lang, metric=metric,
+                         n_samples=n_samples, seed=seed)
+    tb = score_systems(ref, hyps, detok="treebank", lang=lang)
+    published = load_published(published_path, pair)
+    rows = []
+    for s in systems:
+        r = main["systems"][s]
+        row = {"system": s, **{m: r[m] for m in METRICS},
+               "sacrebleu_treebank": tb["systems"][s]["sacrebleu"],
+               "delta": r["delta"], "p_value": r["p_value"],
+               "significant": None if r["p_value"] is None else r["p_value"] < 0.01,
+               "published": []}
+        for p in published:
+            if p["system"] == s and not p["variant"]:
+                row["published"].append({"source": f"{p['paper']} T{p['table']}", "metric": p["metric"],
+                                         "bleu": p["bleu"], "ours": row[p["metric"]],
+                                         "diff": round(row[p["metric"]] - p["bleu"], 2)})
+        rows.append(row)
+    return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok, "reference": ref,
+            "n_samples": n_samples, "seed": seed,
+            "sacrebleu_signature": main["systems"][baseline]["sacrebleu_signature"], "rows": rows}
+
+
+def _sources(table):
+    seen = []
+    for r in table["rows"]:
+        for p in r["published"]:
+            key = (p["source"], p["metric"])
+            if key not in seen:
+                seen.append(key)
+    return seen
+
+
+def to_rows(table):
+    """Flat rows (header first) shared by the CSV and Markdown outputs."""
+    sources = _sources(table)
+    header = ["system", *ALL_METRICS, f"delta {table['metric']}", "p"]
+    header += [f"{src} ({m})" for src, m in sources]
+    out = [header]
+    for r in table["rows"]:
+        cells = [r["system"]] + [f"{r[m]:.2f}" for m in ALL_METRICS]
+        cells.append("" if r["delta"] is None or r["system"] == table["baseline"] else f"{r['delta']:+.2f}")
+        cells.append("" if r["p_value"] is None else f"{r['p_value']:.3f}" + (" *" if r["significant"] else ""))
+        pub = {(p["source"], p["metric"]): p for p in r["published"]}
+        for key in sources:
+            cells.append(f"{pub[key]['bleu']:.2f}" if key in pub else "")
+        out.append(cells)
+    return out
+
+
+def to_markdown(table):
+    rows = to_rows(table)
+    lines = [f"# {table['pair']}: test BLEU", "",
+             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    lines += ["", f"Baseline: {table['baseline']}. Delta and p on {table['metric']} (paired bootstrap, "
+              f"{table['n_samples']} samples, seed {table['seed']}; one-sided, * = p < 0.01). "
+              f"Detokenizer for multi_bleu_detok/sacrebleu: {table['detok']}; sacrebleu_treebank = "
+              f"SacreBLEU after NLTK Treebank detokenization (QKNorm Table 3). "
+              f"SacreBLEU: {table['sacrebleu_signature']}. Published columns: results/published.csv, "
+              "each in the metric named in its header."]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table):
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(to_rows(table))
+    return buf.getvalue()
+
+
+def write(table, results_dir):
+    base = os.path.join(results_dir, table["pair"], "compare")
+    write_atomic(base + ".json", json.dumps(table, indent=2) + "\n")
+    write_atomic(base + ".csv", to_csv(table))
+    write_atomic(base + ".md", to_markdown(table))
+    return base
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", required=True)
+    ap.add_argument("--results-dir", required=True)
+    ap.add_argument("--published", default=DEFAULT_PUBLISHED)
+    ap.add_argument("--baseline", help="default: postnorm, else scalenorm, else prenorm, else the first")
+    ap.add_argument("--metric", choices=METRICS, help="default: the one evaluate.sh used")
+    ap.add_argument("--detok", choices=["none", "moses", "treebank"], help="default: the one evaluate.sh used")
+    ap.add_argument("--lang", default="en")
+    ap.add_argument("--n-samples", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=12345)
+    args = ap.parse_args(argv)
+    try:
+        table = build(args.pair, args.results_dir, args.published, args.baseline, args.metric, args.detok,
+                      args.lang, args.n_samples, args.seed)
+    except ScoringError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    base = write(table, args.results_dir)
+    print(to_markdown(table))
+    print(f"wrote {base}.md, {base}.csv, {base}.json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""`translation_qk`: fairseq's `translation` task plus the papers' decoding and ValDecay wiring.
+
+GNMT length normalisation (`--length-norm gnmt --gnmt-alpha 0.6`): a finished hypothesis y
+is ranked by  log P(y|x) / ((5 + |y|) / 6) ** alpha,  |y| counting the tokens fairseq scores,
+EOS included. fairseq's own `--lenpen a` divides by |y| ** a instead.
+
+Why re-ranking is enough: fairseq's beam search (sequence_generator.py, `finalize_hypos`)
+moves a hypothesis ending in EOS into the finished list when EOS is among the top `beam`
+candidates by *unnormalised* cumulative score, and a sentence is done once `beam` hypotheses
+are finished (or at max length). The normalised score is computed only to be stored and to
+sort the finished list at the end. So the stock generator run with `normalize_scores=False`
+finds exactly the hypotheses any length normalisation would; `GNMTSequenceGenerator`
+re-scores and re-sorts them. Used by `fairseq-generate --task translation_qk` and by
+`--eval-bleu` validation during training.
+
+ValDecay on every validation: fairseq calls the LR scheduler's `step(epoch, val)` only at the
+end of a pass over the data. This task's `post_validate` hook (run by fairseq-train after every
+validation, `--validate-interval-updates` ones included) hands the first validation subset's
+`--best-checkpoint-metric` to the active `val_decay` scheduler. Reproduce the original code's
+"epoch" of N updates with `--validate-interval-updates N --save-interval-updates N`.
+"""
+from dataclasses import dataclass, field
+
+import torch
+from fairseq.dataclass import ChoiceEnum
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from . import lr_scheduler as val_decay_module
+
+LENGTH_NORMS = ("fairseq", "gnmt")
+
+
+def gnmt_penalty(length, alpha):
+    """GNMT's length penalty lp(y) = ((5 + |y|) / 6) ** alpha (Wu et al. 2016)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def gnmt_rerank(hypos, alpha):
+    """Re-score one sentence's finished hypotheses (unnormalised scores) and sort them, best first."""
+    for h in hypos:
+        h["score"] = h["score"] / gnmt_penalty(len(h["tokens"]), alpha)
+    return sorted(hypos, key=lambda h: float(h["score"]), reverse=True)
+
+
+class GNMTSequenceGenerator(SequenceGenerator):
+    """fairseq's beam search with GNMT length normalisation applied to the finished hypotheses."""
+
+    def __init__(self, *args, gnmt_alpha=0.6, **kwargs):
+        kwargs["normalize_scores"] = False  # raw log-probabilities; normalised below
+        super().__init__(*args, **kwargs)
+        self.gnmt_alpha = gnmt_alpha
+
+    @torch.no_grad()
+    def _generate(self, sample, **kwargs):
+        finalized = super()._generate(sample, **kwargs)
+        return [gnmt_rerank(hypos, self.gnmt_alpha) for hypos in finalized]
+
+
+@dataclass
+class TranslationQKConfig(TranslationConfig):
+    length_norm: ChoiceEnum(LENGTH_NORMS) = field(
+        default="fairseq",
+        metadata={"help": "hypothesis length normalisation: fairseq (score / |y|^lenpen) or "
+                          "gnmt (score / ((5+|y|)/6)^gnmt_alpha)"},
+    )
+    gnmt_alpha: float = field(default=0.6, metadata={"help": "alpha of GNMT length normalisation"})
+
+
+@register_task("translation_qk", dataclass=TranslationQKConfig)
+class TranslationQKTask(TranslationTask):
+    cfg: TranslationQKConfig
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        if self.cfg.length_norm == "gnmt" and not getattr(args, "score_reference", False):
+            bad = [name for name, clash in (
+                ("--lenpen", getattr(args, "lenpen", 1) != 1),
+                ("--unnormalized", getattr(args, "unnormalized", False)),
+                ("--print-alignment", getattr(args, "print_alignment", False)),
+                ("--sampling", getattr(args, "sampling", False)),
+            ) if clash]
+            if bad:
+                raise ValueError(f"--length-norm gnmt does not combine with {', '.join(bad)}: drop "
+                                 f"{' and '.join(bad)}, or use --length-norm fairseq")
+            if seq_gen_cls is not None:
+                raise ValueError(f"--length-norm gnmt cannot wrap the custom generator {seq_gen_cls.__name__}")
+            seq_gen_cls = GNMTSequenceGenerator
+            extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {}, gnmt_alpha=self.cfg.gnmt_alpha)
+        return super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
+                                       extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
+
+    def begin_valid_epoch(self, epoch, model):
+        super().begin_valid_epoch(epoch, model)
+        self._fed_this_validation = False
+
+    def post_validate(self, model, stats, agg):
+        # fairseq-train calls this once per validation subset; ValDecay, like fairseq's own
+        # lr_step, follows the first subset only.
+        if getattr(self, "_fed_this_validation", True):
+            return
+        self._fed_this_validation = True
+        sched = val_decay_module.active_scheduler()
+        if sched is None:
+            return
+        metric = sched.cfg.best_checkpoint_metric
+        if metric not in stats:
+            raise KeyError(f"val_decay follows --best-checkpoint-metric {metric!r}, but validation reported only "
+                           f"{sorted(stats)}; add --eval-bleu for bleu, or pick one of these")
+        sched.on_validation(stats[metric], stats["num_updates"])

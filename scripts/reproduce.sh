@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> compare.
+#   bash scripts/reproduce.sh                     the offline demo: a generated synthetic task,
+#                                                 systems postnorm and qknorm (minutes on a CPU)
+#   bash scripts/reproduce.sh PAIR [--systems "S1 S2 ..."] [-- extra fairseq-train flags]
+# PAIR: gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet) or demo.
+# Default systems for the real pairs: postnorm prenorm fixnorm scalenorm qknorm (TwT Table 3
+# and QKNorm Table 2); SYSTEMS="..." in the environment works too.
+# Every stage is idempotent: re-running resumes where an interruption stopped it.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
+pair="" systems=${SYSTEMS:-} train_extra=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --systems) systems=${2:?--systems needs a value}; shift 2 ;;
+    --) shift; train_extra=("$@"); break ;;
+    -*) usage >&2; die "unknown option: $1" ;;
+    *) [[ -z $pair ]] || die "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
+  esac
+done
+pair=${pair:-demo}
+[[ -f $ROOT/configs/$pair.yaml ]] || die "unknown pair '$pair': choose one of $(cd "$ROOT/configs" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')(for your own corpus: bash scripts/prepare.sh --pair xx-yy --src-dir DIR, then scripts/train.sh)"
+if [[ -z $systems ]]; then
+  if [[ $pair == demo ]]; then systems="postnorm qknorm"; else systems="postnorm prenorm fixnorm scalenorm qknorm"; fi
+fi
+for s in train evaluate compare; do
+  [[ -f $ROOT/scripts/$s.sh ]] || die "scripts/$s.sh is missing from this checkout"
+done
+
+activate_env
+cd "$ROOT"
+t0=$SECONDS
+log "== $pair: data"
+bash scripts/download.sh --pair "$pair"
+bash scripts/prepare.sh --pair "$pair"
+for s in $systems; do
+  log "== $pair: training $s ($(( SECONDS - t0 )) s so far)"
+  bash scripts/train.sh "$pair" "$s" "${train_extra[@]}"
+  log "== $pair: evaluating $s"
+  bash scripts/evaluate.sh "$pair" "$s"
+done
+log "== $pair: comparing $systems"
+bash scripts/compare.sh "$pair"
+log "== $pair: finished in $(( SECONDS - t0 )) s; table: $RESULTS_DIR/$pair/compare.md"

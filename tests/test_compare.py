@@ -1,0 +1,97 @@
+"""compare table on fixture results, and scripts/evaluate.sh + compare.sh on a real tiny model."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _eval_tiny  # noqa: E402
+
+from qknorm_fairseq.scoring import compare  # noqa: E402
+
+REPO = _eval_tiny.REPO
+
+
+def _fixture_results(tmp_path):
+    ref = tmp_path / "ref.vi"
+    ref.write_text("".join(f"câu số {i} rất dài và hay lắm nhé\n" for i in range(60)), encoding="utf-8")
+    outs = {"postnorm": lambda i: f"câu số {i} rất dài và dở lắm",
+            "scalenorm": lambda i: f"câu số {i} rất dài và hay lắm nhé",
+            "qknorm": lambda i: f"câu số {i} rất dài và hay lắm"}
+    for name, f in outs.items():
+        d = tmp_path / "results" / "en-vi" / name
+        d.mkdir(parents=True)
+        (d / "hyp.txt").write_text("".join(f(i) + "\n" for i in range(60)), encoding="utf-8")
+        (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu",
+                                                   "detok": "none", "systems": {}}))
+    return tmp_path / "results"
+
+
+def test_compare_table_with_published(tmp_path):
+    res = _fixture_results(tmp_path)
+    table = compare.build("en-vi", str(res), n_samples=200)
+    base = compare.write(table, str(res))
+    assert table["baseline"] == "postnorm"
+    rows = {r["system"]: r for r in table["rows"]}
+    assert rows["scalenorm"]["multi_bleu"] == pytest.approx(100.0)
+    assert rows["scalenorm"]["p_value"] < 0.01 and rows["scalenorm"]["delta"] > 0
+    assert rows["postnorm"]["p_value"] is None
+    # published numbers of the matching system and metric (TwT T3 and QKNorm T2 for en-vi)
+    pub = {(p["source"], p["metric"]): p["bleu"] for p in rows["scalenorm"]["published"]}
+    assert pub[("TwT T3", "multi_bleu")] == 32.79 and pub[("QKNorm T2", "multi_bleu")] == 32.79
+    assert pub[("QKNorm T3", "sacrebleu_treebank")] == 32.41
+    assert {p["bleu"] for p in rows["qknorm"]["published"]} == {33.24, 33.18}
+    with open(base + ".csv") as f:
+        got = list(csv.reader(f))
+    assert got[0][0] == "system" and len(got) == 4
+    md = open(base + ".md").read()
+    assert "| scalenorm | 100.00 |" in md and "32.79" in md
+    assert json.load(open(base + ".json"))["pair"] == "en-vi"
+
+
+def test_compare_errors(tmp_path):
+    with pytest.raises(compare.ScoringError, match="run scripts/evaluate.sh"):
+        compare.build("en-vi", str(tmp_path))
+    res = _fixture_results(tmp_path)
+    with pytest.raises(compare.ScoringError, match="baseline 'nope'"):
+        compare.build("en-vi", str(res), baseline="nope")
+
+
+def test_published_csv_complete():
+    rows = list(csv.DictReader(open(os.path.join(REPO, "results", "published.csv"))))
+    by = {}
+    for r in rows:
+        by.setdefault((r["paper"], r["table"]), []).append(r)
+    assert len(by[("TwT", "3")]) == 25 and len(by[("QKNorm", "2")]) == 10 and len(by[("QKNorm", "3")]) == 10
+    assert len(by[("QKNorm", "4")]) == 5 and len(by[("QKNorm", "5")]) == 7 and len(by[("QKNorm", "6")]) == 5
+    assert all(r["metric"] in compare.ALL_METRICS for r in rows)
+
+
+@pytest.mark.slow  # ~100-270 s: every `recipe` call in the scripts imports fairseq (package __init__)
+def test_evaluate_and_compare_scripts_on_tiny_model():
+    root = _eval_tiny.build()
+    env = _eval_tiny.pipeline_env(root)
+    for system in ("postnorm", "prenorm"):
+        p = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", system],
+                           env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = os.path.join(root, "results", "demo", system)
+        hyps = open(os.path.join(out, "hyp.txt")).read().splitlines()
+        assert len(hyps) == 30
+        scores = json.load(open(os.path.join(out, "scores.json")))
+        assert 0 <= scores["systems"][system]["multi_bleu"] <= 100
+    again = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "prenorm"],
+                           env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "already evaluated" in again.stderr
+    p = subprocess.run(["bash", os.path.join(REPO, "scripts", "compare.sh", ), "demo"], env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| prenorm |" in p.stdout
+    table = json.load(open(os.path.join(root, "results", "demo", "compare.json")))
+    assert table["baseline"] == "postnorm" and len(table["rows"]) == 2
+    missing = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "nosuch"],
+                             env=env, capture_output=True, text=True)
+    assert missing.returncode != 0 and "no checkpoint" in missing.stderr

@@ -1,0 +1,179 @@
+"""ValDecay (qknorm_fairseq/lr_scheduler.py): closed forms, the decay rule, and real fairseq-train runs."""
+import json
+import math
+import os
+import re
+
+import pytest
+import torch
+from fairseq.optim import FairseqOptimizer
+
+import _tiny_nmt as tiny
+from qknorm_fairseq.lr_scheduler import ValDecayConfig, ValDecaySchedule, active_scheduler, peak_from_scale
+
+
+class _Opt(FairseqOptimizer):
+    def __init__(self):
+        super().__init__(None)
+        self._optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+
+
+def make(maximize=True, **kw):
+    kw.setdefault("lr", [1e-3])
+    kw.setdefault("stop_min_lr", -1.0)
+    cfg = ValDecayConfig(maximize_best_checkpoint_metric=maximize, best_checkpoint_metric="bleu", **kw)
+    return ValDecaySchedule(cfg, _Opt())
+
+
+def test_warmup_and_flat_closed_form():
+    s = make(warmup_updates=100, lr=[2e-3])
+    for n in range(0, 300, 7):
+        expected = 2e-3 * n / 100 if n < 100 else 2e-3
+        assert s.step_update(n) == pytest.approx(expected, rel=1e-12, abs=1e-18)
+        assert s.optimizer.get_lr() == s.lr
+
+
+def test_warmup_from_given_init_lr():
+    s = make(warmup_updates=10, lr=[1e-3], warmup_init_lr=1e-4)
+    assert s.step_update(0) == pytest.approx(1e-4)
+    assert s.step_update(5) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert s.step_update(10) == pytest.approx(1e-3)
+
+
+def test_peak_from_twt_rule():
+    # TwT: d^-0.5 * warmup^-0.5 for d = 512, warmup 8000 is about 4.94e-4
+    assert peak_from_scale(1.0, 512, 8000) == pytest.approx(4.94e-4, rel=1e-3)
+    s = make(warmup_updates=8000, peak_lr_scale=2.0, peak_lr_dim=512)
+    assert s.step_update(8000) == pytest.approx(2 / math.sqrt(512 * 8000))
+    assert s.step_update(4000) == pytest.approx(1 / math.sqrt(512 * 8000))
+
+
+def naive_decays(values, maximize, patience, factor, peak):
+    """Independent restatement of TwT's rule: decay when the value is worse than all previous `patience`."""
+    lr, out = peak, []
+    for i, v in enumerate(values):
+        prev = values[max(0, i - patience):i]
+        if len(prev) == patience and (all(v < p for p in prev) if maximize else all(v > p for p in prev)):
+            lr *= factor
+        out.append(lr)
+    return out
+
+
+@pytest.mark.parametrize("maximize", [True, False])
+def test_decay_rule_both_directions(maximize):
+    bleu_like = [10, 12, 13, 12.5, 11.9, 14, 14, 13.9, 13.8, 13.7, 20, 5]
+    values = bleu_like if maximize else [-v for v in bleu_like]  # a loss that mirrors the BLEU curve
+    s = make(maximize=maximize, warmup_updates=0, decay_factor=0.5)
+    lrs = [s.on_validation(v, num_updates=100 * (i + 1)) for i, v in enumerate(values)]
+    assert lrs == pytest.approx(naive_decays(values, maximize, 3, 0.5, 1e-3))
+    # by hand: 11.9 < min(12, 13, 12.5); 13.8 < min(14, 14, 13.9); 13.7 < min(14, 13.9, 13.8); 5.
+    # 12.5 (not below 10) and the repeated 14 do not decay.
+    assert s.decay_updates == [500, 900, 1000, 1200]
+
+
+@pytest.mark.parametrize("maximize", [True, False])
+def test_no_decay_while_improving(maximize):
+    # the bug of a public fork: a decay that fires while the metric improves
+    values = [1, 2, 3, 4, 5, 6, 7, 8] if maximize else [8, 7, 6, 5, 4, 3, 2, 1]
+    s = make(maximize=maximize, warmup_updates=0)
+    for i, v in enumerate(values):
+        s.on_validation(v, i + 1)
+    assert s.decay_updates == [] and s.lr == 1e-3
+
+
+def test_no_decay_during_warmup_but_history_kept():
+    s = make(warmup_updates=1000, decay_factor=0.5)
+    for i, v in enumerate([10, 9, 8, 7, 6]):  # getting worse all along, inside warmup
+        assert s.on_validation(v, num_updates=100 * (i + 1)) == pytest.approx(1e-3 * (i + 1) / 10)
+    assert s.decay_updates == []
+    s.on_validation(5, num_updates=1000)  # warmup over; worse than the previous 3 (all in warmup)
+    assert s.decay_updates == [1000] and s.lr == pytest.approx(5e-4)
+
+
+def test_step_skips_values_already_fed_by_the_task():
+    s = make(warmup_updates=0)
+    for i, v in enumerate([5, 4, 3]):
+        s.step_update(10 * (i + 1))
+        s.on_validation(v, 10 * (i + 1))
+    s.step(epoch=1, val_loss=3)  # fairseq's end-of-pass call for the validation at update 30
+    assert s.history == [5, 4, 3]
+    s.step_update(31)
+    s.step(epoch=2, val_loss=2)  # a value the task did not feed (plain `translation` task)
+    assert s.history == [5, 4, 3, 2] and s.decay_updates == [31]
+
+
+def test_bad_config_errors():
+    with pytest.raises(ValueError, match="use --decay-stop-lr 1e-05 instead"):
+        make(warmup_updates=100, stop_min_lr=1e-5)
+    with pytest.raises(ValueError, match="--peak-lr-scale needs --warmup-updates > 0"):
+        make(warmup_updates=0, peak_lr_scale=1.0)
+    with pytest.raises(ValueError, match="--decay-factor"):
+        make(decay_factor=1.5)
+    with pytest.raises(ValueError, match="one --lr"):
+        make(lr=[1e-3, 2e-3])
+
+
+def test_active_scheduler_is_the_last_built():
+    s = make()
+    assert active_scheduler() is s
+
+
+# ----------------------------------------------------------------------------- real fairseq-train
+@pytest.fixture(scope="module")
+def data_bin():
+    return tiny.shared_corpus()
+
+
+def ckpt_state(path):
+    return torch.load(path, map_location="cpu", weights_only=False)["optimizer_history"][-1]["lr_scheduler_state"]
+
+
+def log_records(text, tag):
+    """The JSON records of one tag in fairseq-train's console log (what scripts/train.sh saves)."""
+    return [json.loads(m.group(1)) for m in re.finditer(r"\| INFO \| %s \| (\{.*\})$" % tag, text, re.M)]
+
+
+# `loss` with --maximize-best-checkpoint-metric makes "worse" mean "lower loss", so decays fire while
+# the model learns: a deterministic way to get a non-trivial state to round-trip.
+SCHED = ["--lr-scheduler", "val_decay", "--lr", "2e-3", "--warmup-updates", "4", "--decay-factor", "0.5",
+         "--decay-patience", "1", "--best-checkpoint-metric", "loss", "--maximize-best-checkpoint-metric",
+         "--validate-interval-updates", "3", "--save-interval-updates", "3", "--keep-interval-updates", "1"]
+
+
+def test_every_validation_reaches_val_decay_and_state_survives_resume(data_bin, tmp_path):
+    save = str(tmp_path / "ck")
+    log = tiny.run(tiny.train_cmd(data_bin, save, *SCHED, "--max-update", "12")).stdout
+    first = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
+    valid = log_records(log, "valid")
+    # one history entry per validation: mid-pass (every 3 updates) and end-of-pass ones, none twice
+    assert [int(r["valid_num_updates"]) for r in valid] == sorted({int(r["valid_num_updates"]) for r in valid})
+    assert len(first["history"]) == len(valid) > 4
+    assert [round(v, 3) for v in first["history"]] == pytest.approx([float(r["valid_loss"]) for r in valid])
+    assert first["decay_updates"], "the test setup should make decays fire"
+    assert first["flat_lr"] == 2e-3 * 0.5 ** len(first["decay_updates"])
+
+    # resume: the second run must restart from exactly the saved state
+    log = tiny.run(tiny.train_cmd(data_bin, save, *SCHED, "--max-update", "18")).stdout
+    restored = [json.loads(m.group(1)) for m in re.finditer(r"val_decay: restored state (\{.*\})", log)]
+    assert restored == [first]
+    second = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
+    assert second["history"][: len(first["history"])] == first["history"]
+    assert len(second["history"]) > len(first["history"]) and second["num_updates"] == 18
+    # the LR fairseq logged after resuming is the restored flat LR (until a new decay)
+    train_inner = [r for r in log_records(log, "train_inner") if int(r["num_updates"]) == 13]
+    assert float(train_inner[-1]["lr"]) == pytest.approx(first["flat_lr"], rel=1e-3)
+
+
+def test_training_stops_below_min_lr(data_bin, tmp_path):
+    save = str(tmp_path / "ck")
+    # peak 2e-3 halves on decays: 1e-3 is not below 1e-3, 5e-4 is (strict <, as TwT)
+    log = tiny.run(tiny.train_cmd(data_bin, save, *SCHED, "--max-update", "200", "--decay-stop-lr", "1e-3")).stdout
+    state = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
+    assert "< --decay-stop-lr 0.001: stopping training" in log
+    crossing = state["decay_updates"][1]  # 2e-3 -> 1e-3 -> 5e-4
+    # one more update after the validation that crossed, then fairseq validates (which may decay
+    # once more), saves and stops
+    assert state["num_updates"] == crossing + 1 < 200
+    assert state["decay_updates"][2:] in ([], [crossing + 1])
+    assert "Stopping training due to num_updates" in log
+

@@ -1,0 +1,142 @@
+"""scripts/prepare.sh end to end: the demo corpus to data-bin with stats checked, a user's own
+corpus (raw text, SentencePiece), the error paths, and the shared TED gl-en data."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from qknorm_fairseq import data_stats
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+
+
+def env_for(root):
+    return dict(os.environ, DATA_DIR=str(root / "data"), DATA_BIN=str(root / "data-bin"),
+                VIRTUAL_ENV=os.path.dirname(os.path.dirname(sys.executable)), PYTHONWARNINGS="ignore",
+                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+
+
+def sh(root, script, *args, ok=True):
+    p = subprocess.run(["bash", os.path.join(REPO, "scripts", script), *args], env=env_for(root),
+                       capture_output=True, text=True)
+    if ok:
+        assert p.returncode == 0, f"{script} {args} failed:\n{p.stderr[-4000:]}"
+    return p
+
+
+def lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def check_data_bin(root, pair, src, tgt, bpe_marker):
+    """Checks data-bin/<pair> and stats.json against independent computations from the text files."""
+    tok, bpe, out = root / "data" / pair / "tok", root / "data" / pair / "bpe", root / "data-bin" / pair
+    stats = json.loads((out / "stats.json").read_text())
+    lengths = []
+    for split in ("train", "valid", "test"):
+        for lang in (src, tgt):
+            sizes = data_stats.read_sizes(str(out / f"{split}.{src}-{tgt}.{lang}"))
+            bpe_lines = lines(bpe / f"{split}.{lang}")
+            # binarized lengths = BPE tokens + EOS, line by line
+            assert list(sizes) == [len(x.split()) + 1 for x in bpe_lines]
+            assert stats["tokens"][split][lang]["subwords"] == sum(len(x.split()) for x in bpe_lines)
+            assert stats["tokens"][split][lang]["words"] == sum(len(x.split()) for x in lines(tok / f"{split}.{lang}"))
+            if split == "train":
+                lengths += list(sizes)
+        assert stats["lines"][split]["kept"] == len(lines(tok / f"{split}.{src}"))
+    assert stats["length_p97.5"] == pytest.approx(np.percentile(lengths, 97.5))
+    assert stats["qknorm_g0"] == pytest.approx(np.log2(stats["length_p97.5"] ** 2 - stats["length_p97.5"]))
+    # target vocabulary: decode the binarized target side through the joined dictionary
+    symbols = [x.split()[0] for x in lines(out / f"dict.{tgt}.txt")]
+    assert symbols == [x.split()[0] for x in lines(out / f"dict.{src}.txt")]  # joined
+    specials = 4  # <s> <pad> </s> <unk> precede the file's entries
+    from fairseq.data import data_utils
+    ds = data_utils.load_indexed_dataset(str(out / f"train.{src}-{tgt}.{tgt}"), None)
+    seen = {int(i) for k in range(len(ds)) for i in ds[k]}
+    del ds
+    decoded = {symbols[i - specials] for i in seen if i >= specials}
+    assert set(stats["target_vocab"]) == decoded and stats["target_vocab_size"] == len(decoded)
+    assert any(bpe_marker in s for s in stats["target_vocab"])  # subwords really were made
+    return stats
+
+
+def test_demo_end_to_end_and_resume(tmp_path):
+    sh(tmp_path, "download.sh", "--pair", "demo")
+    p = sh(tmp_path, "prepare.sh", "--pair", "demo")
+    assert "binarizing" in p.stderr
+    stats = check_data_bin(tmp_path, "demo", "src", "tgt", "@@")
+    assert {s: stats["lines"][s]["kept"] for s in stats["lines"]} == {"train": 4000, "valid": 300, "test": 300}
+    assert stats["bpe"] == "fastbpe" and stats["remove_bpe"] == "@@ " and stats["raw_input"] is True
+    out = tmp_path / "data-bin/demo"
+    assert (out / "codes").exists() and (out / "vocab").exists()
+    # scoring references: tokenized, without BPE, one per test sentence
+    ref = lines(tmp_path / "data/demo/tok/test.tgt")
+    assert len(ref) == 300 and not any("@@" in x for x in ref)
+    assert lines(tmp_path / "data/demo/raw/test.tgt") == ref  # the target side is generated tokenized
+    # a second run changes nothing; after an interruption only the unfinished stage is redone
+    mtime = (out / "stats.json").stat().st_mtime_ns
+    p = sh(tmp_path, "prepare.sh", "--pair", "demo")
+    assert "binarized data up to date" in p.stderr and (out / "stats.json").stat().st_mtime_ns == mtime
+    (out / ".done").unlink()
+    p = sh(tmp_path, "prepare.sh", "--pair", "demo")
+    assert "tokenized text up to date" in p.stderr and "BPE up to date" in p.stderr and "binarizing" in p.stderr
+    assert json.loads((out / "stats.json").read_text())["lines"] == stats["lines"]
+    assert not [f for f in os.listdir(tmp_path / "data-bin") if ".tmp." in f]
+
+
+def test_own_raw_corpus_with_sentencepiece(tmp_path):
+    from qknorm_fairseq import demo_corpus
+
+    src_dir = tmp_path / "mine"
+    data = demo_corpus.generate(4, (("train", 400), ("dev", 40), ("test", 40)))
+    src_dir.mkdir()
+    for split, pairs in data.items():
+        (src_dir / f"{split}.xx").write_text("".join(s + "\n" for s, _ in pairs))
+        (src_dir / f"{split}.yy").write_text("".join(t + "\n" for _, t in pairs))
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(src_dir), ok=False)
+    assert p.returncode != 0 and "--tokenized" in p.stderr and "--raw" in p.stderr
+    sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(src_dir), "--raw", "--bpe", "sentencepiece",
+       "--merges", "120")
+    stats = check_data_bin(tmp_path, "xx-yy", "xx", "yy", "\u2581")
+    assert stats["bpe"] == "sentencepiece" and stats["remove_bpe"] == "sentencepiece"
+    assert (tmp_path / "data-bin/xx-yy/spm.model").exists()
+    assert lines(tmp_path / "data/xx-yy/tok/test.xx")[0].endswith(" .")  # sacremoses split the period
+
+
+def test_errors_leave_no_output(tmp_path):
+    p = sh(tmp_path, "prepare.sh", "--pair", "gl-en", ok=False)
+    assert p.returncode != 0 and "run bash scripts/download.sh --pair gl-en first" in p.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for split in ("train", "dev", "test"):
+        (bad / f"{split}.xx").write_text("a b\nc d\n")
+        (bad / f"{split}.yy").write_text("a b\n" if split == "train" else "a b\nc d\n")
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(bad), "--tokenized", ok=False)
+    assert p.returncode != 0 and "misaligned source/target line counts (2 vs 1)" in p.stderr
+    assert not (tmp_path / "data-bin/xx-yy").exists() and not (tmp_path / "data/xx-yy/tok").exists()
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(bad), "--tokenized", "--bpe", "wordpiece", ok=False)
+    assert p.returncode != 0 and "--bpe must be fastbpe or sentencepiece" in p.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ted-gl-en")),
+                    reason="../shared/data/ted-gl-en is absent (real TED data is only on development machines)")
+def test_shared_ted_gl_en(tmp_path):
+    src_dir = os.path.join(SHARED, "ted-gl-en")
+    sh(tmp_path, "prepare.sh", "--pair", "gl-en", "--src-dir", src_dir)
+    stats = check_data_bin(tmp_path, "gl-en", "gl", "en", "@@")
+    # independent count of the length filter: train pairs with 1..250 tokens on both sides
+    gl, en = lines(os.path.join(src_dir, "train.gl")), lines(os.path.join(src_dir, "train.en"))
+    kept = sum(1 for a, b in zip(gl, en) if 0 < len(a.split()) <= 250 and 0 < len(b.split()) <= 250)
+    assert stats["lines"]["train"] == {"input": len(gl), "kept": kept}
+    assert stats["lines"]["valid"]["kept"] == len(lines(os.path.join(src_dir, "dev.gl")))
+    assert stats["lines"]["test"]["kept"] == len(lines(os.path.join(src_dir, "test.gl")))
+    assert len(data_stats.read_sizes(str(tmp_path / "data-bin/gl-en/test.gl-en.en"))) == stats["lines"]["test"]["kept"]
+    assert stats["bpe_size"] == 3000 and len(lines(tmp_path / "data-bin/gl-en/codes")) <= 3000
+    # tokenized references unchanged (already Moses-tokenized input)
+    assert lines(tmp_path / "data/gl-en/tok/test.en") == [" ".join(x.split()) for x in lines(os.path.join(src_dir, "test.en"))]
+    print(f"gl-en: {stats['lines']}, L97.5 = {stats['length_p97.5']}, target vocab {stats['target_vocab_size']}")

@@ -1,0 +1,191 @@
+"""Our multi-bleu.perl / multi-bleu-detok.perl re-implementations and the scoring CLI."""
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+
+from qknorm_fairseq.scoring import bleu
+from qknorm_fairseq.scoring.evaluate import main as cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+TST2013 = os.path.join(SHARED, "iwslt15-en-vi", "tst2013.vi")
+
+
+def naive_bleu(hyps, refs):
+    """Independent textbook corpus BLEU-4 (single reference, no smoothing)."""
+    c = [0] * 4
+    t = [0] * 4
+    hl = rl = 0
+    for h, r in zip(hyps, refs):
+        h, r = h.split(), r.split()
+        hl, rl = hl + len(h), rl + len(r)
+        for n in range(1, 5):
+            hg = [tuple(h[i:i + n]) for i in range(len(h) - n + 1)]
+            rg = [tuple(r[i:i + n]) for i in range(len(r) - n + 1)]
+            t[n - 1] += len(hg)
+            c[n - 1] += sum(min(hg.count(g), rg.count(g)) for g in set(hg))
+    if 0 in c:
+        return 0.0
+    bp = 1.0 if hl >= rl else math.exp(1 - rl / hl)
+    return 100 * bp * math.exp(sum(math.log(a / b) for a, b in zip(c, t)) / 4)
+
+
+def test_perfect_match():
+    r = bleu.multi_bleu(["a b c d e", "x y z w"], [["a b c d e", "x y z w"]])
+    assert r.score == pytest.approx(100.0)
+    assert r.bp == 1.0 and r.hyp_len == r.ref_len == 9
+
+
+def test_no_match_is_zero():
+    assert bleu.multi_bleu(["p q r s"], [["a b c d"]]).score == 0.0
+
+
+def test_zero_four_gram_count_gives_zero_like_perl():
+    # unigrams/bigrams/trigrams match, no 4-gram: perl's my_log(0) makes BLEU 0 (no smoothing)
+    r = bleu.multi_bleu(["a b c x d e f"], [["a b c y d e f"]])
+    assert r.precisions[3] == 0.0 and r.precisions[0] > 0
+    assert r.score == 0.0
+
+
+def test_brevity_penalty_hand_computed():
+    # hyp 4 tokens all matching, ref 6 tokens: precisions 1, BP = exp(1 - 6/4)
+    r = bleu.multi_bleu(["a b c d"], [["a b c d e f"]])
+    assert r.bp == pytest.approx(math.exp(1 - 6 / 4))
+    assert r.score == pytest.approx(100 * math.exp(-0.5))
+
+
+def test_clipping_and_closest_reference():
+    # "the" x4 clipped to 2 by the reference; two refs equally close -> the shorter length counts
+    r = bleu.multi_bleu(["the the the the cat"], [["the cat the dog runs fast"], ["the the cat sat"]])
+    assert r.precisions[0] == pytest.approx(100 * 3 / 5)
+    r2 = bleu.multi_bleu(["a b c d e"], [["a b c d e f"], ["a b c d"]])
+    assert r2.ref_len == 4
+
+
+def test_empty_lines_and_unicode():
+    hyps = ["", "xin chào thế giới này nhé", "ă â ê ô"]
+    refs = ["một hai", "xin chào thế giới này nhé", "ă â ê ô"]
+    r = bleu.multi_bleu(hyps, [refs])
+    assert r.hyp_len == 10 and r.ref_len == 12
+    assert r.score == pytest.approx(naive_bleu(hyps, refs))
+    # no-break space is not a token boundary for multi-bleu.perl (it reads bytes)
+    assert bleu.multi_bleu_tokens("a\u00a0b c") == ["a\u00a0b".encode(), b"c"]
+
+
+def test_all_empty_hypotheses_score_zero():
+    assert bleu.multi_bleu(["", ""], [["a b", "c d"]]).score == 0.0
+
+
+def test_against_naive_and_sacrebleu_none_on_random_text():
+    rng = random.Random(3)
+    vocab = "the a cat dog sat on mat , . ' s big small".split()
+    refs = [" ".join(rng.choice(vocab) for _ in range(rng.randint(5, 20))) for _ in range(200)]
+    hyps = [" ".join(w if rng.random() < 0.7 else rng.choice(vocab) for w in r.split()[: rng.randint(3, 20)])
+            for r in refs]
+    ours = bleu.multi_bleu(hyps, [refs]).score
+    assert ours == pytest.approx(naive_bleu(hyps, refs), abs=1e-9)
+    sb = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none", force=True).score
+    assert round(ours, 2) == round(sb, 2)
+
+
+def test_mteval_tokenization():
+    assert bleu.mteval_13a_tokenize('He said "hi," 3.5-4 &quot;ok&quot;.') == \
+        'He said " hi , " 3.5 - 4 " ok " .'
+
+
+def test_detok_matches_sacrebleu_13a():
+    hyps = ["It's a test, isn't it?", "3.14 is pi; (really)!", "Ça va – très bien."]
+    refs = ["It's the test, isn't it?", "3.14 is pi (really)!", "Ça va – bien."]
+    ours = bleu.multi_bleu_detok(hyps, [refs]).score
+    sb = sacrebleu.corpus_bleu(hyps, [refs], tokenize="13a", smooth_method="none").score
+    assert ours == pytest.approx(sb, abs=1e-6)
+
+
+def test_detokenizers_unescape():
+    line = "it &apos;s a &quot; test &quot; ."
+    assert bleu.detokenize([line], "moses")[0] == 'it\'s a "test".'
+    assert "&apos;" not in bleu.detokenize([line], "treebank")[0]
+    assert bleu.detokenize([line], "none")[0] == line
+    with pytest.raises(bleu.ScoringError, match="unknown detokenizer"):
+        bleu.detokenize([line], "spacy")
+
+
+def _write(tmp_path, name, lines):
+    p = tmp_path / name
+    p.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return str(p)
+
+
+def test_cli_json(tmp_path, capsys):
+    ref = _write(tmp_path, "ref", ["a b c d e", "f g h i j"])
+    h1 = _write(tmp_path, "h1", ["a b c d e", "f g h i j"])
+    h2 = _write(tmp_path, "h2", ["a b c d x", "f g h i j"])
+    assert cli(["--ref", ref, "--sys", f"base={h1}", "--sys", f"other={h2}", "--baseline", "base",
+                "--json", "--n-samples", "50"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    s = out["systems"]
+    assert s["base"]["multi_bleu"] == pytest.approx(100.0) and s["base"]["p_value"] is None
+    assert s["other"]["multi_bleu"] == pytest.approx(naive_bleu(["a b c d x", "f g h i j"], ["a b c d e", "f g h i j"]),
+                                                     abs=1e-3)
+    assert 0 < s["other"]["p_value"] <= 1
+    assert s["other"]["sacrebleu_signature"].startswith("nrefs:1|")
+    assert set(s["other"]) >= {"multi_bleu", "multi_bleu_detok", "sacrebleu", "sacrebleu_signature", "p_value"}
+
+
+@pytest.mark.parametrize("case", ["count", "empty", "missing"])
+def test_cli_errors_name_the_files(tmp_path, capsys, case):
+    ref = _write(tmp_path, "ref.txt", ["a b", "c d"])
+    if case == "count":
+        hyp = _write(tmp_path, "hyp.txt", ["a b"])
+    elif case == "empty":
+        hyp = str(tmp_path / "hyp.txt")
+        open(hyp, "w").close()
+    else:
+        hyp = str(tmp_path / "nope.txt")
+    assert cli(["--ref", ref, "--sys", f"s={hyp}"]) == 2
+    err = capsys.readouterr().err
+    assert os.path.basename(hyp) in err
+    assert {"count": "1 lines but reference", "empty": "is empty", "missing": "does not exist"}[case] in err
+
+
+def test_escape_mismatch_warns(tmp_path, capsys):
+    ref = _write(tmp_path, "ref", ["it &apos;s fine"])
+    hyp = _write(tmp_path, "hyp", ["it 's fine"])
+    cli(["--ref", ref, "--sys", f"s={hyp}"])
+    assert "Moses escapes" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists(TST2013), reason=f"real data absent: {TST2013} (../shared/data)")
+def test_real_text_self_and_perturbed(tmp_path):
+    refs = bleu.read_lines(TST2013)
+    assert bleu.multi_bleu(refs, [refs]).score == pytest.approx(100.0)
+    rng = random.Random(0)
+    pert = []
+    for line in refs:
+        t = line.split()
+        if rng.random() < 0.4 and len(t) > 3:
+            t = t[:-2]
+        elif rng.random() < 0.3:
+            rng.shuffle(t)
+        pert.append(" ".join(t))
+    ours = bleu.multi_bleu(pert, [refs]).score
+    assert 20 < ours < 99
+    sb = sacrebleu.corpus_bleu(pert, [refs], tokenize="none", smooth_method="none", force=True).score
+    assert round(ours, 2) == round(sb, 2)
+    perl = os.environ.get("QKNORM_MOSES_SCRIPTS")
+    if perl and shutil.which("perl") and os.path.exists(os.path.join(perl, "multi-bleu.perl")):
+        p = _write(tmp_path, "pert", pert)
+        out = subprocess.run(["perl", os.path.join(perl, "multi-bleu.perl"), TST2013], stdin=open(p),
+                             capture_output=True, text=True).stdout
+        assert out.startswith(f"BLEU = {ours:.2f},")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
