@@ -110,6 +110,11 @@ class NormAttention(MultiheadAttention):
         kv_bsz = k.size(1) if k is not None else bsz
         if k is not None:
             k, v = self._heads(k, kv_bsz), self._heads(v, kv_bsz)
+        if self.scores == "qknorm":
+            # normalise before caching: incremental decoding then normalises each key once, not
+            # every cached key (and the whole source, in cross-attention) again at every step
+            q = lp_normalize(q, self.p)
+            k = None if k is None else lp_normalize(k, self.p)
 
         if saved_state is not None:
             if "prev_key" in saved_state:
@@ -133,9 +138,6 @@ class NormAttention(MultiheadAttention):
             q = q.reshape(kv_bsz, self.num_heads, beams * tgt_len, self.head_dim)
             if attn_mask is not None:
                 attn_mask = attn_mask.repeat(beams, 1)
-
-        if self.scores == "qknorm":
-            q, k = lp_normalize(q, self.p), lp_normalize(k, self.p)
 
         if self.weights == "softmax" and not need_weights:
             out, weights = self._fused(q, k, v, key_padding_mask, attn_mask), None

@@ -14,7 +14,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
-mode=speed reps="" dim="" layers="" max_update=300 interval=75 systems="postnorm scalenorm qknorm" extra=()
+mode=speed reps="" dim="" layers="" max_update=150 interval=50 systems="postnorm scalenorm qknorm" extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -31,13 +31,16 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 cd "$ROOT"
+# One CPU thread per process unless told otherwise: on a shared, oversubscribed CPU, OpenMP threads
+# spin-waiting for each other make every op many times slower (measured here: 6 ms layer norms).
+has_gpu || export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 if [[ $mode == speed ]]; then
   args=(--out "$RESULTS_DIR/benchmark")
   [[ -n $reps ]] && args+=(--reps "$reps")
   [[ -n $dim ]] && args+=(--dim "$dim")
   [[ -n $layers ]] && args+=(--layers "$layers")
-  if has_gpu; then args+=(--device cuda --dtype bf16); fi
+  if has_gpu; then args+=(--device cuda --dtype bf16); else args+=(--threads "$OMP_NUM_THREADS"); fi
   log "speed benchmark: python -m qknorm_fairseq.benchmark speed ${args[*]} ${extra[*]}"
   exec python -m qknorm_fairseq.benchmark speed "${args[@]}" "${extra[@]}"
 fi
@@ -101,5 +104,9 @@ for sys in $systems; do
   mark_done "$out"
 done
 log "convergence report -> $RESULTS_DIR/convergence.{md,json,png}"
-python -m qknorm_fairseq.benchmark convergence --work "$work" --systems $systems \
+settings="ted-gl-en, joint fastBPE 3000 merges; fairseq-train with the gl-en recipe of configs/gl-en.yaml \
+overridden by: ${CONV_MODEL[*]} ${CONV_LR[*]} (ValDecay), dropout 0.3, $max_update updates of max 4096 tokens, \
+dev BLEU (tokenized, greedy) every $interval updates; OMP_NUM_THREADS=${OMP_NUM_THREADS:-default}; $(nproc) CPUs"
+# shellcheck disable=SC2086
+python -m qknorm_fairseq.benchmark convergence --work "$work" --systems $systems --settings "$settings" \
   --out "$RESULTS_DIR/convergence"

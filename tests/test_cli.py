@@ -64,7 +64,8 @@ def test_resume_from_checkpoint_last(tiny_data, trained, tmp_path):
 
 def test_validate_loads_checkpoint(tiny_data, trained):
     save_dir, _ = trained["transformer_hnas"]
-    proc = fairseq("validate", tiny_data / "bin", "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_best.pt",
+    proc = fairseq("validate", tiny_data / "bin", "--task", "translation", "--user-dir", USER_DIR, "--path",
+                   save_dir / "checkpoint_best.pt",
                    "--valid-subset", "valid", "--batch-size", "16")
     assert re.search(r"valid on 'valid' subset \| loss [\d.]+", proc.stdout + proc.stderr)
 
