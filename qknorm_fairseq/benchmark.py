@@ -11,6 +11,8 @@ dropout) and measures them interleaved, the order rotating each repetition:
     saves for backward in one step (distinct storages), i.e. the memory a training step must hold;
   - decoding: sentences per second of fairseq's beam search (beam 4), every hypothesis forced to
     the same length (min_len = max_len) so untrained models do the same amount of work.
+Time is CUDA-synchronised wall-clock on a GPU and process CPU time on a CPU (scripts/benchmark.sh
+runs one thread): on a shared CPU the wall-clock of a step varied 2-3x between repetitions.
 Writes PREFIX.json and PREFIX.md (median, min, max and ratio of medians to the stock model).
 """
 import argparse
@@ -112,6 +114,12 @@ def move(obj, device):
 
 # ---------------------------------------------------------------- measurements
 
+def clock(opts):
+    """CUDA: wall-clock. CPU: this process's CPU time, which other jobs on a shared machine do not
+    inflate (a process waiting for a core accrues none); run with one thread so it equals the work."""
+    return time.perf_counter() if opts.device.startswith("cuda") else time.process_time()
+
+
 def sync(device):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -165,11 +173,11 @@ def measure_train(entry, sample, opts):
     sync(opts.device)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    t0 = clock(opts)
     for _ in range(opts.train_steps):
         train_step(entry, sample, opts)
     sync(opts.device)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock(opts) - t0
     if cuda:
         mem = torch.cuda.max_memory_allocated()
     else:
@@ -191,11 +199,11 @@ def measure_decode(entry, sample, opts):
     with autocast(opts):
         gen.generate([model], net)  # warm-up
         sync(opts.device)
-        t0 = time.perf_counter()
+        t0 = clock(opts)
         for _ in range(opts.decode_batches):
             out = gen.generate([model], net)
         sync(opts.device)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock(opts) - t0
     assert len(out) == bsz and all(len(h[0]["tokens"]) == L + 1 for h in out), "forced-length decoding failed"
     return bsz * opts.decode_batches / elapsed
 
@@ -250,6 +258,7 @@ def speed_markdown(res):
              f"{s['decode_batches']} batches of {s['batch']} sentences, hypotheses forced to {s['tgt_len']} tokens. "
              f"{s['reps']} interleaved repetitions; median [min-max]; ratio = median / median of stock "
              f"fairseq `{STOCK}`.  ",
+             f"Timing: {res['timing_method']}  ",
              f"Peak memory: {res['memory_method']}", "",
              "| model | train tok/s | ratio | decode sent/s | ratio | peak MB | ratio | target | met |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -318,6 +327,8 @@ def cmd_speed(opts):
                              if opts.device.startswith("cuda") else
                              "CPU estimate = parameters + gradients + Adam state + distinct storages saved "
                              "by autograd for backward in one training forward"),
+           "timing_method": ("wall-clock (CUDA synchronised)" if opts.device.startswith("cuda") else
+                             "process CPU time (time.process_time), not inflated by other jobs on a shared CPU"),
            "stock": STOCK, "models": models}
     os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
     write_atomic(opts.out + ".json", json.dumps(res, indent=1) + "\n")
@@ -416,7 +427,7 @@ def main(argv=None):
     s.add_argument("--train-steps", type=int, default=3)
     s.add_argument("--decode-batches", type=int, default=1)
     s.add_argument("--beam", type=int, default=4)
-    s.add_argument("--reps", type=int, default=3)
+    s.add_argument("--reps", type=int, default=5)
     s.add_argument("--archs", nargs="+", help="presets to compare (default: all)")
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")

@@ -14,7 +14,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
-mode=speed reps="" dim="" layers="" max_update=150 interval=50 systems="postnorm scalenorm qknorm" extra=()
+mode=speed reps="" dim="" layers="" max_update=400 interval=100 systems="postnorm scalenorm qknorm" extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
