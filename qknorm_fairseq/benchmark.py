@@ -340,7 +340,8 @@ def cmd_speed(opts):
 # ---------------------------------------------------------------- convergence report
 
 def read_valid_log(path, start):
-    """(updates, wall-clock seconds since `start`, dev BLEU) for every validation in a fairseq JSON log."""
+    """(updates, wall-clock seconds since `start`, dev BLEU) for every validation in fairseq-train's
+    console output (--log-format json)."""
     points = []
     with open(path) as f:
         for line in f:
@@ -360,7 +361,8 @@ def cmd_convergence(opts):
     curves = {}
     for sys_name in opts.systems:
         folder = os.path.join(opts.work, sys_name)
-        log_path, start_path = os.path.join(folder, "train.log"), os.path.join(folder, "start_time")
+        # fairseq's console output: its lines carry timestamps, those of --log-file do not
+        log_path, start_path = os.path.join(folder, "stdout.log"), os.path.join(folder, "start_time")
         for p in (log_path, start_path):
             if not os.path.exists(p):
                 raise SystemExit(f"{p} is missing: run `bash scripts/benchmark.sh --convergence` first")
@@ -434,7 +436,7 @@ def main(argv=None):
     s.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     s.add_argument("--out", default="results/benchmark", help="writes OUT.json and OUT.md")
     c = sub.add_parser("convergence", help="dev BLEU vs updates and wall-clock from the convergence runs")
-    c.add_argument("--work", required=True, help="folder with one sub-folder per system (train.log, start_time)")
+    c.add_argument("--work", required=True, help="folder with one sub-folder per system (stdout.log, start_time)")
     c.add_argument("--systems", nargs="+", required=True)
     c.add_argument("--settings", help="free text describing the run, copied into the report")
     c.add_argument("--out", default="results/convergence", help="writes OUT.json, OUT.md and OUT.png")

@@ -39,4 +39,7 @@ class FixNormOutputProjection(nn.Module):
         self.weight = embedding.weight  # fairseq code reads output_projection.weight
 
     def forward(self, features):
-        return F.linear(features, self.embedding[0].normalized_weight())
+        # as a 2-D matmul: F.linear on the decoder's (batch, 1, d) step features took a batched
+        # matmul 3x slower than nn.Linear's plain mm in beam search (profiled on CPU)
+        flat = F.linear(features.reshape(-1, features.size(-1)), self.embedding[0].normalized_weight())
+        return flat.view(*features.shape[:-1], -1)

@@ -90,7 +90,7 @@ for sys in $systems; do
   if is_done "$out"; then log "$sys: done already ($out)"; continue; fi
   rm -rf "$out" && mkdir -p "$out"
   eval "recipe_args=($(python -m qknorm_fairseq.recipes train-args gl-en "$sys" --data-bin "$bin" --save-dir "$out/ckpt"))"
-  log "$sys: training $max_update updates, dev BLEU every $interval (log: $out/train.log)"
+  log "$sys: training $max_update updates, dev BLEU every $interval (log: $out/stdout.log)"
   start=$(date +%s.%N)
   echo "$start" >"$out/start_time"
   # Overrides after the recipe win: smaller model, short warmup, fixed budget, greedy dev BLEU

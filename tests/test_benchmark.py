@@ -47,7 +47,7 @@ def test_convergence_report_from_fairseq_logs(tmp_path):
         for i, b in enumerate(bleus):
             lines.append(f'2025-01-01 12:0{i + 1}:00 | INFO | valid | {{"valid_loss": "{8 - i}.5", '
                          f'"valid_bleu": "{b}", "valid_num_updates": "{(i + 1) * 75}"}}')
-        (work / name / "train.log").write_text("\n".join(lines) + "\n")
+        (work / name / "stdout.log").write_text("\n".join(lines) + "\n")
     benchmark.main(["convergence", "--work", str(work), "--systems", "postnorm", "qknorm", "--out",
                     str(tmp_path / "conv")])
     res = json.loads((tmp_path / "conv.json").read_text())
@@ -61,9 +61,9 @@ def test_convergence_report_from_fairseq_logs(tmp_path):
 def test_convergence_needs_bleu_logs(tmp_path):
     (tmp_path / "w" / "a").mkdir(parents=True)
     (tmp_path / "w" / "a" / "start_time").write_text("0\n")
-    with pytest.raises(SystemExit, match="train.log is missing"):
+    with pytest.raises(SystemExit, match="stdout.log is missing"):
         benchmark.main(["convergence", "--work", str(tmp_path / "w"), "--systems", "a", "--out", str(tmp_path / "c")])
-    (tmp_path / "w" / "a" / "train.log").write_text(
+    (tmp_path / "w" / "a" / "stdout.log").write_text(
         '2025-01-01 12:00:05 | INFO | valid | {"valid_loss": "3", "valid_num_updates": "5"}\n')
     with pytest.raises(SystemExit, match="without valid_bleu; train with --eval-bleu"):
         benchmark.main(["convergence", "--work", str(tmp_path / "w"), "--systems", "a", "--out", str(tmp_path / "c")])
