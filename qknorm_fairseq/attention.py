@@ -33,9 +33,23 @@ def parse_attention_type(name):
 
 
 def lp_normalize(x, p, eps=1e-6):
-    """x / ||x||_p along the last dim, computed in fp32 (non-integer p is fragile in half precision)."""
+    """x / max(||x||_p, eps) along the last dim, computed in fp32 (non-integer p is fragile in half
+    precision)."""
     xf = x.float()
-    return (xf / torch.linalg.vector_norm(xf, ord=p, dim=-1, keepdim=True).clamp(min=eps)).type_as(x)
+    if p == 2:
+        return (xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp(min=eps)).type_as(x)
+    # torch.linalg.vector_norm(ord=p) for p != 2 takes a generic kernel many times slower than these
+    # elementwise ops on CPU (`python -m qknorm_fairseq.benchmark kernels`). Even p skips abs().
+    if p == 4:
+        powered = xf.square().square()
+    elif p % 2 == 0:
+        powered = xf.square().pow(p / 2)
+    else:
+        powered = xf.abs().pow(p)
+    # clamp the sum, not the norm: d/ds s^(-1/p) is infinite at s = 0 and would turn a zero vector's
+    # gradient into NaN; the floor stays a normal fp32 number for large p
+    floor = max(eps ** p, torch.finfo(torch.float32).tiny)
+    return (xf * powered.sum(dim=-1, keepdim=True).clamp(min=floor).pow(-1.0 / p)).type_as(x)
 
 
 def dnas_log_weights(scores, query_pad=None):

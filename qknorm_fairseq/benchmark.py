@@ -1,6 +1,7 @@
 """Speed and memory of every preset against fairseq's `transformer`, and the convergence report.
 
-    python -m qknorm_fairseq.benchmark speed [--dim 256 --layers 3 --reps 5 ...] --out results/benchmark
+    python -m qknorm_fairseq.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
+    python -m qknorm_fairseq.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5]
     python -m qknorm_fairseq.benchmark convergence --work DIR --systems postnorm scalenorm qknorm --out PREFIX
 
 `speed` builds every model in one process (same synthetic corpus, dictionary, batch, dimensions and
@@ -13,7 +14,10 @@ dropout) and measures them interleaved, the order rotating each repetition:
     the same length (min_len = max_len) so untrained models do the same amount of work.
 Time is CUDA-synchronised wall-clock on a GPU and process CPU time on a CPU (scripts/benchmark.sh
 runs one thread): on a shared CPU the wall-clock of a step varied 2-3x between repetitions.
-Writes PREFIX.json and PREFIX.md (median, min, max and ratio of medians to the stock model).
+The speed of a shared CPU drifts by 20-30% over tens of seconds, so every measurement is short
+(2 training steps, 1 decoded batch) and repeated often (15 repetitions by default), each model
+warmed up once beforehand.
+Writes PREFIX.json and PREFIX.md (median, quartiles, min, max, ratio of medians to the stock model).
 """
 import argparse
 import json
@@ -156,7 +160,10 @@ def saved_activation_bytes(entry, sample, opts):
     def pack(t):
         s = t.untyped_storage()
         seen[s.data_ptr()] = s.nbytes()
-        return t
+        # detached: returning `t` itself makes a saved output hold its own grad_fn, a cycle autograd
+        # never frees (it leaked ~90 MB per call); returning nothing would free storages early and
+        # let later tensors reuse (and be counted at) the same address
+        return t.detach()
 
     model, criterion = entry["model"], entry["criterion"]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(opts):
@@ -165,12 +172,19 @@ def saved_activation_bytes(entry, sample, opts):
     return sum(seen.values())
 
 
+def warm_up(entry, sample, opts):
+    """Warm-up training steps (allocator, Adam state) and one warm-up decode, once per model."""
+    entry["model"].train()
+    for _ in range(opts.warmup_steps):
+        train_step(entry, sample, opts)
+    entry["generator"] = make_generator(entry, opts)
+    decode(entry, sample, opts)
+    sync(opts.device)
+
+
 def measure_train(entry, sample, opts):
     entry["model"].train()
     cuda = opts.device.startswith("cuda")
-    for _ in range(opts.warmup_steps):
-        train_step(entry, sample, opts)
-    sync(opts.device)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = clock(opts)
@@ -185,27 +199,32 @@ def measure_train(entry, sample, opts):
     return sample["ntokens"] * opts.train_steps / elapsed, mem / 2 ** 20
 
 
-@torch.no_grad()
-def measure_decode(entry, sample, opts):
+def make_generator(entry, opts):
     from fairseq.sequence_generator import SequenceGenerator
 
+    L = opts.tgt_len
+    return SequenceGenerator([entry["model"]], entry["task"].target_dictionary, beam_size=opts.beam,
+                             max_len_a=0, max_len_b=L, min_len=L)
+
+
+@torch.no_grad()
+def decode(entry, sample, opts):
     model = entry["model"]
     model.eval()
-    L = opts.tgt_len
-    gen = SequenceGenerator([model], entry["task"].target_dictionary, beam_size=opts.beam,
-                            max_len_a=0, max_len_b=L, min_len=L)
     net = {"net_input": {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")}}
-    bsz = sample["net_input"]["src_tokens"].size(0)
     with autocast(opts):
-        gen.generate([model], net)  # warm-up
-        sync(opts.device)
-        t0 = clock(opts)
-        for _ in range(opts.decode_batches):
-            out = gen.generate([model], net)
-        sync(opts.device)
-    elapsed = clock(opts) - t0
-    assert len(out) == bsz and all(len(h[0]["tokens"]) == L + 1 for h in out), "forced-length decoding failed"
-    return bsz * opts.decode_batches / elapsed
+        out = entry["generator"].generate([model], net)
+    bsz = sample["net_input"]["src_tokens"].size(0)
+    assert len(out) == bsz and all(len(h[0]["tokens"]) == opts.tgt_len + 1 for h in out), "forced-length decoding failed"
+
+
+def measure_decode(entry, sample, opts):
+    sync(opts.device)
+    t0 = clock(opts)
+    for _ in range(opts.decode_batches):
+        decode(entry, sample, opts)
+    sync(opts.device)
+    return sample["net_input"]["src_tokens"].size(0) * opts.decode_batches / (clock(opts) - t0)
 
 
 # ---------------------------------------------------------------- environment and report
@@ -230,7 +249,9 @@ def machine_info(opts):
 
 
 def summarise(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values),
+            "runs": values}
 
 
 def write_atomic(path, text):
@@ -254,9 +275,9 @@ def speed_markdown(res):
              "(dropout, attention and activation dropout alike for every model; the presets keep their own "
              "word dropout and target-vocabulary mask)  ",
              f"Training: batch {s['batch']} sentences x {s['src_len']} source / {s['tgt_len']} target tokens, "
-             f"{s['warmup_steps']} warm-up + {s['train_steps']} timed Adam steps; decoding: beam {s['beam']}, "
+             f"{s['warmup_steps']} warm-up steps per model, then {s['train_steps']} timed Adam steps per repetition; decoding: beam {s['beam']}, "
              f"{s['decode_batches']} batches of {s['batch']} sentences, hypotheses forced to {s['tgt_len']} tokens. "
-             f"{s['reps']} interleaved repetitions; median [min-max]; ratio = median / median of stock "
+             f"{s['reps']} interleaved repetitions; median [interquartile range]; ratio = median / median of stock "
              f"fairseq `{STOCK}`.  ",
              f"Timing: {res['timing_method']}  ",
              f"Peak memory: {res['memory_method']}", "",
@@ -265,7 +286,7 @@ def speed_markdown(res):
     for arch, r in res["models"].items():
         def cell(k):
             v = r[k]
-            return f"{v['median']:.1f} [{v['min']:.1f}-{v['max']:.1f}]"
+            return f"{v['median']:.1f} [{v['q1']:.1f}-{v['q3']:.1f}]"
         if arch == STOCK:
             lines.append(f"| {arch} (stock) | {cell('train_tok_s')} | 1 | {cell('decode_sent_s')} | 1 | "
                          f"{cell('peak_mem_mb')} | 1 | | |")
@@ -299,7 +320,11 @@ def cmd_speed(opts):
             entries[arch] = build(data_bin, arch, opts)
     vocab = len(entries[STOCK]["task"].target_dictionary)
     sample = make_batch(entries[STOCK]["task"], opts.batch, opts.src_len, opts.tgt_len, opts.device, seed=1)
+    for arch in archs:
+        warm_up(entries[arch], sample, opts)
     runs = {a: {k: [] for k in METRICS} for a in archs}
+    # Short measurements, many repetitions, order rotating: the speed of a shared CPU drifts by
+    # 20-30% over tens of seconds, so each model is timed often and close to every other.
     for rep in range(opts.reps):
         shift = rep % len(archs)
         for arch in archs[shift:] + archs[:shift]:  # rotate the order: no model always runs first
@@ -335,6 +360,65 @@ def cmd_speed(opts):
     write_atomic(opts.out + ".md", speed_markdown(res))
     print(speed_markdown(res))
     return res
+
+
+# ---------------------------------------------------------------- kernel micro-benchmark
+
+def cmd_kernels(opts):
+    """Each norm and l_p normalisation against its reference, timed interleaved in one process."""
+    from fairseq.modules import LayerNorm
+
+    from .attention import lp_normalize
+    from .norms import RMSNorm, ScaleNorm
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    d, hd = opts.dim, opts.dim // opts.heads
+
+    def reference_lp(p):
+        return lambda x: x / torch.linalg.vector_norm(x, ord=p, dim=-1, keepdim=True).clamp(min=1e-6)
+
+    # (name, function, reference name, input shape)
+    cases = [("LayerNorm", LayerNorm(d), None, (opts.tokens, d)),
+             ("ScaleNorm", ScaleNorm(d), "LayerNorm", (opts.tokens, d)),
+             ("RMSNorm", RMSNorm(d), "LayerNorm", (opts.tokens, d))]
+    for p in opts.p:
+        cases += [(f"vector_norm p={p:g}", reference_lp(p), None, (opts.tokens, opts.heads, hd)),
+                  (f"lp_normalize p={p:g}", lambda x, p=p: lp_normalize(x, p), f"vector_norm p={p:g}",
+                   (opts.tokens, opts.heads, hd))]
+    inputs = {shape: torch.randn(shape) for *_, shape in cases}
+    times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
+
+    def run(fn, x, grad):
+        x = x.detach().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            for _ in range(opts.iters):
+                y = fn(x)
+                if grad:
+                    y.sum().backward()
+
+    for _ in range(opts.reps):
+        for name, fn, _, shape in cases:
+            for grad in (False, True):
+                run(fn, inputs[shape], grad)  # warm-up
+                t0 = time.process_time()
+                run(fn, inputs[shape], grad)
+                times[name, grad].append((time.process_time() - t0) / opts.iters * 1e6)
+    lines = [f"# Kernel micro-benchmark (CPU, {torch.get_num_threads()} threads, {opts.reps} interleaved "
+             f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
+             f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}).", "",
+             "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
+    for name, _, ref, _ in cases:
+        row = [name]
+        for grad in (False, True):
+            med = statistics.median(times[name, grad])
+            row += [f"{med:.1f}", f"{med / statistics.median(times[ref, grad]):.2f}" if ref else "1"]
+        lines.append("| " + " | ".join(row + [ref or ""]) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if opts.out:
+        write_atomic(opts.out + ".md", text)
+    return times
 
 
 # ---------------------------------------------------------------- convergence report
@@ -426,15 +510,24 @@ def main(argv=None):
     s.add_argument("--src-len", type=int, default=24)
     s.add_argument("--tgt-len", type=int, default=24)
     s.add_argument("--warmup-steps", type=int, default=2)
-    s.add_argument("--train-steps", type=int, default=3)
+    s.add_argument("--train-steps", type=int, default=2)
     s.add_argument("--decode-batches", type=int, default=1)
     s.add_argument("--beam", type=int, default=4)
-    s.add_argument("--reps", type=int, default=5)
+    s.add_argument("--reps", type=int, default=15)
     s.add_argument("--archs", nargs="+", help="presets to compare (default: all)")
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     s.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     s.add_argument("--out", default="results/benchmark", help="writes OUT.json and OUT.md")
+    k = sub.add_parser("kernels", help="norm and l_p-normalisation kernels against their references (CPU)")
+    k.add_argument("--dim", type=int, default=256)
+    k.add_argument("--heads", type=int, default=4)
+    k.add_argument("--tokens", type=int, default=384, help="rows per call (default: the speed batch, 16 x 24)")
+    k.add_argument("--p", type=float, nargs="+", default=[2.0, 4.0, 3.5], help="l_p norms to time")
+    k.add_argument("--iters", type=int, default=200)
+    k.add_argument("--reps", type=int, default=5)
+    k.add_argument("--threads", type=int, default=1)
+    k.add_argument("--out", help="also write OUT.md")
     c = sub.add_parser("convergence", help="dev BLEU vs updates and wall-clock from the convergence runs")
     c.add_argument("--work", required=True, help="folder with one sub-folder per system (stdout.log, start_time)")
     c.add_argument("--systems", nargs="+", required=True)
@@ -442,13 +535,15 @@ def main(argv=None):
     c.add_argument("--out", default="results/convergence", help="writes OUT.json, OUT.md and OUT.png")
     opts = p.parse_args(argv)
     for k in ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam",
-              "reps", "vocab"):
+              "reps", "vocab", "tokens", "iters"):
         if getattr(opts, k, 1) is not None and getattr(opts, k, 1) < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1")
     if opts.cmd == "speed":
         if opts.dim % opts.heads:
             p.error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
         return cmd_speed(opts)
+    if opts.cmd == "kernels":
+        return cmd_kernels(opts)
     return cmd_convergence(opts)
 
 

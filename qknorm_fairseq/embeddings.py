@@ -3,6 +3,8 @@
 The embedding matrix is shared by source input, target input and output projection, so the
 logits are h . w/||w||; with a final ScaleNorm they become g * cos(h, w).
 """
+from contextlib import ExitStack, contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,13 +16,34 @@ class FixNormEmbedding(nn.Embedding):
         nn.init.uniform_(self.weight, -0.01, 0.01)  # TwT section 3.2
         nn.init.zeros_(self.weight[padding_idx])
         self._cache = None
+        self._sharing, self._shared = False, None
+
+    @contextmanager
+    def shared_normalization(self):
+        """One model forward uses the matrix up to three times (source, target, output layer):
+        normalise it once, in one autograd graph, instead of three times forward and backward."""
+        self._sharing = True
+        try:
+            yield
+        finally:
+            self._sharing, self._shared = False, None
+
+    def train(self, mode=True):
+        # fairseq's optimizers write parameters through .data, which the version counter of the
+        # cache key does not see: drop the cache at every switch between training and evaluation
+        self._cache = None
+        return super().train(mode)
 
     def normalized_weight(self):
-        # Decoding calls this once per step: cache the normalised matrix while no gradient is
-        # needed and the weights have not changed (tracked by the tensor's version counter).
         w = self.weight
-        if w.requires_grad and (self.training or torch.is_grad_enabled()):
-            return F.normalize(w, dim=-1)
+        if self.training or (w.requires_grad and torch.is_grad_enabled()):
+            if not self._sharing:
+                return F.normalize(w, dim=-1)
+            if self._shared is None:
+                self._shared = F.normalize(w, dim=-1)
+            return self._shared
+        # Decoding calls this once per step: in evaluation mode without gradients, cache the
+        # normalised matrix while the weights have not changed (version counter, see train()).
         key = (w._version, w.data_ptr(), w.dtype, w.device)
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, F.normalize(w.detach(), dim=-1))
@@ -43,3 +66,12 @@ class FixNormOutputProjection(nn.Module):
         # matmul 3x slower than nn.Linear's plain mm in beam search (profiled on CPU)
         flat = F.linear(features.reshape(-1, features.size(-1)), self.embedding[0].normalized_weight())
         return flat.view(*features.shape[:-1], -1)
+
+
+@contextmanager
+def shared_fixnorm(*modules):
+    """shared_normalization() of every distinct FixNormEmbedding among `modules`."""
+    with ExitStack() as stack:
+        for m in {id(m): m for m in modules if isinstance(m, FixNormEmbedding)}.values():
+            stack.enter_context(m.shared_normalization())
+        yield

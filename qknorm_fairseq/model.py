@@ -18,7 +18,7 @@ from torch import nn
 
 from . import data_stats
 from .attention import ATTENTION_TYPES, NormAttention, init_small, parse_attention_type
-from .embeddings import FixNormEmbedding, FixNormOutputProjection
+from .embeddings import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .norms import NORM_TYPES, build_norm
 
 logger = logging.getLogger(__name__)
@@ -290,4 +290,5 @@ class QKTransformerModel(TransformerModel):
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         if self.training and self.word_dropout > 0:
             src_tokens, prev_output_tokens = self.drop_words(src_tokens), self.drop_words(prev_output_tokens)
-        return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+        with shared_fixnorm(self.encoder.embed_tokens, self.decoder.embed_tokens):
+            return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)

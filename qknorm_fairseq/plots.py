@@ -107,8 +107,11 @@ def plot_dev_bleu(logs, out, title=None):
         valid = [r for r in parse_log(path)["valid"] if "valid_bleu" in r]
         if not valid:
             raise PlotError(f"{path}: no validation BLEU (train with --eval-bleu and --log-format json)")
-        ax.plot([r["epoch"] for r in valid], [r["valid_bleu"] for r in valid], marker=".", label=name)
-    ax.set_xlabel("epoch (one validation each)")
+        # updates, not fairseq epochs: the recipes validate every N updates (the papers' "epoch"),
+        # several times within one of fairseq's passes over the data
+        x = [r.get("valid_num_updates", r.get("num_updates", r["epoch"])) for r in valid]
+        ax.plot(x, [r["valid_bleu"] for r in valid], marker=".", label=name)
+    ax.set_xlabel("updates (one point per validation)")
     ax.set_ylabel("dev BLEU")
     ax.set_title(title or "Development BLEU per validation")
     ax.grid(alpha=0.3)

@@ -8,7 +8,7 @@ Decodes $DATA_BIN/PAIR (test split) with $CKPT_DIR/PAIR/SYSTEM/checkpoint_best.p
 (beam 4, max length = source length + 50, BPE removed, the papers' length normalisation),
 restores the original sentence order and scores against $DATA_DIR/PAIR/tok/test.<tgt> with
 the pair's eval.metric / eval.detok (configs/PAIR.yaml).
-Writes $RESULTS_DIR/PAIR/SYSTEM/{generate.out,hyp.txt,scores.json}. Re-running is a no-op
+Writes $RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json}. Re-running is a no-op
 until the checkpoint changes (delete the folder's .done to force).
 USAGE
 }
@@ -41,21 +41,21 @@ rm -f "$OUT/.done"
 mkdir -p "$OUT"
 
 # The decoding recipe (beam 4, max length source + 50, BPE removal and the papers' GNMT length
-# normalisation) comes from the recipes when they provide it, as one shell-quoted line.
-if python -m qknorm_fairseq.recipes -h 2>/dev/null | grep -q generate-args; then
-  line=$(python -m qknorm_fairseq.recipes generate-args "$PAIR" 2>/dev/null) || die "recipes generate-args $PAIR failed"
-  eval "GEN_ARGS=($line)"
-else
-  log "warning: qknorm_fairseq.recipes has no generate-args: decoding with fairseq's --lenpen 1.0, not the papers' GNMT length normalisation"
-  GEN_ARGS=(--user-dir "$USER_DIR" --beam 4 --max-len-a 1 --max-len-b 50 --remove-bpe --lenpen 1.0)
-fi
+# normalisation), as one shell-quoted line.
+line=$(python -m qknorm_fairseq.recipes generate-args "$PAIR") || die "recipes generate-args $PAIR failed"
+eval "GEN_ARGS=($line)"
 
 # torch >= 2.6 refuses fairseq checkpoints under weights_only loading (see REFERENCE.md).
 # --required-batch-size-multiple 1: with fairseq's default of 8, fairseq-generate (fairseq-fixed
 # 0.12.3.1) silently drops the sentences of an incomplete last batch (24 of 30 decoded).
-log "decoding $PAIR test with $CKPT"
-atomic_write "$OUT/generate.out" fairseq-generate "$BIN" --path "$CKPT" --gen-subset test \
-  --max-tokens 8000 --required-batch-size-multiple 1 "${GEN_ARGS[@]}" "$@"
+# fairseq's own log (its whole config, warnings) goes to generate.log; its last line is echoed.
+log "decoding $PAIR test with $CKPT (fairseq log: $OUT/generate.log)"
+if ! atomic_write "$OUT/generate.out" fairseq-generate "$BIN" --path "$CKPT" --gen-subset test \
+  --max-tokens 8000 --required-batch-size-multiple 1 "${GEN_ARGS[@]}" "$@" 2>"$OUT/generate.log"; then
+  tail -n 20 "$OUT/generate.log" >&2
+  die "fairseq-generate failed (full log: $OUT/generate.log)"
+fi
+grep -h 'Translated' "$OUT/generate.log" "$OUT/generate.out" | sed 's/^.*| *//; s/^INFO:[^:]*://' | tail -n 1 >&2 || true
 
 # fairseq prints hypotheses by length bucket: put them back in corpus order (H-<id>\tscore\ttext).
 extract() { grep '^H-' "$OUT/generate.out" | sed 's/^H-//' | sort -t$'\t' -k1,1n | cut -f3-; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> compare.
+# One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> compare -> plots.
 #   bash scripts/reproduce.sh                     the offline demo: a generated synthetic task,
 #                                                 systems postnorm and qknorm (minutes on a CPU)
 #   bash scripts/reproduce.sh PAIR [--systems "S1 S2 ..."] [-- extra fairseq-train flags]
@@ -43,4 +43,18 @@ for s in $systems; do
 done
 log "== $pair: comparing $systems"
 bash scripts/compare.sh "$pair"
-log "== $pair: finished in $(( SECONDS - t0 )) s; table: $RESULTS_DIR/$pair/compare.md"
+log "== $pair: plots (results/README.md explains each)"
+python -m qknorm_fairseq.plots dev-bleu --pair "$pair" --log-dir "$LOG_DIR" --out "$RESULTS_DIR/$pair/dev_bleu.png"
+python -m qknorm_fairseq.plots grad-norm --pair "$pair" --log-dir "$LOG_DIR" --out "$RESULTS_DIR/$pair/grad_norm.png"
+python -m qknorm_fairseq.plots scales --pair "$pair" --ckpt-dir "$CKPT_DIR" --out "$RESULTS_DIR/$pair/scales.png"
+# QKNorm Figures 1-2: encoder self-attention of one test sentence, softmax baseline against QKNorm
+if [[ " $systems " == *" qknorm "* ]]; then
+  for base in postnorm prenorm fixnorm scalenorm; do
+    [[ " $systems " == *" $base "* ]] || continue
+    python -m qknorm_fairseq.plots attention --ckpt "$base=$CKPT_DIR/$pair/$base/checkpoint_best.pt" \
+      --ckpt "qknorm=$CKPT_DIR/$pair/qknorm/checkpoint_best.pt" --data-bin "$DATA_BIN/$pair" \
+      --index 0 --layer 0 --out "$RESULTS_DIR/$pair/attention.png"
+    break
+  done
+fi
+log "== $pair: finished in $(( SECONDS - t0 )) s; table: $RESULTS_DIR/$pair/compare.md, plots: $RESULTS_DIR/$pair/*.png"

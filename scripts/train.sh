@@ -54,8 +54,7 @@ log_dir=$LOG_DIR/$pair/$name
 sched_args=()
 [[ -n $schedule ]] && sched_args=(--schedule "$schedule")
 err=$(mktemp)
-# recipes.py run as a script: it needs only yaml, and `-m` would import fairseq through the package
-if ! recipe_line=$(python "$ROOT/qknorm_fairseq/recipes.py" train-args "$pair" "$system" "${sched_args[@]}" \
+if ! recipe_line=$(python -m qknorm_fairseq.recipes train-args "$pair" "$system" "${sched_args[@]}" \
     "${paper_len[@]}" --data-bin "$DATA_BIN/$pair" --save-dir "$save_dir" 2>"$err"); then
   grep -v tensorboardX "$err" >&2; rm -f "$err"
   die "no recipe for $pair $system (see the message above)"
@@ -79,7 +78,7 @@ if [[ $dry == 1 ]]; then
   exit 0
 fi
 
-[[ -f $DATA_BIN/$pair/dict.$(python "$ROOT/qknorm_fairseq/recipes.py" get "$pair" src).txt ]] \
+[[ -f $DATA_BIN/$pair/dict.$(recipe "$pair" src).txt ]] \
   || die "no binarized data in $DATA_BIN/$pair: run bash scripts/prepare.sh --pair $pair first"
 signature=$(printf '%q ' "${cmd[@]}" | sha1sum | cut -d' ' -f1)
 if [[ -f $save_dir/.done && $(cat "$save_dir/.done") == "$signature" ]]; then

@@ -156,6 +156,30 @@ def test_lp_normalize_has_unit_norm_in_half_precision():
     assert torch.allclose(norms, torch.ones(10), atol=1e-2)
 
 
+@pytest.mark.parametrize("p", [1.0, 1.5, 2.0, 3.0, 3.5, 4.0, 6.0, 8.0])
+def test_lp_normalize_matches_the_definition_with_gradients(p):
+    x = torch.randn(5, 3, 16, dtype=torch.float32) * 3
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = lp_normalize(x1, p)
+    ref = x2 / x2.abs().pow(p).sum(-1, keepdim=True).pow(1 / p)  # the textbook formula
+    assert torch.allclose(y, ref, atol=1e-6)
+    w = torch.randn_like(y)
+    (y * w).sum().backward()
+    (ref * w).sum().backward()
+    assert torch.allclose(x1.grad, x2.grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [2.0, 3.5, 4.0, 8.0])
+def test_lp_normalize_of_a_zero_vector_has_zero_output_and_finite_gradient(p):
+    x = torch.randn(4, 8)
+    x[1] = 0.0
+    x.requires_grad_()
+    y = lp_normalize(x, p)
+    y.pow(2).sum().backward()
+    assert torch.equal(y[1], torch.zeros(8))
+    assert torch.isfinite(x.grad).all()
+
+
 def test_invalid_configurations_are_rejected():
     with pytest.raises(ValueError, match="must be >= 1"):
         NormAttention(D, H, self_attention=True, attention_type="qknorm", qknorm_p=0.5)

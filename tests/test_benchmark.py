@@ -1,5 +1,6 @@
 """Smoke runs of qknorm_fairseq.benchmark: structure of the outputs, never timings."""
 import json
+import statistics
 from datetime import datetime
 
 import pytest
@@ -67,3 +68,19 @@ def test_convergence_needs_bleu_logs(tmp_path):
         '2025-01-01 12:00:05 | INFO | valid | {"valid_loss": "3", "valid_num_updates": "5"}\n')
     with pytest.raises(SystemExit, match="without valid_bleu; train with --eval-bleu"):
         benchmark.main(["convergence", "--work", str(tmp_path / "w"), "--systems", "a", "--out", str(tmp_path / "c")])
+
+
+def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys):
+    out = tmp_path / "kern"
+    times = benchmark.main(["kernels", "--dim", "16", "--heads", "2", "--tokens", "8", "--p", "2", "4",
+                            "--iters", "2", "--reps", "2", "--out", str(out)])
+    names = {name for name, _ in times}
+    assert names == {"LayerNorm", "ScaleNorm", "RMSNorm", "vector_norm p=2", "lp_normalize p=2",
+                     "vector_norm p=4", "lp_normalize p=4"}
+    assert all(len(v) == 2 and min(v) > 0 for v in times.values())
+    md = out.with_suffix(".md").read_text()
+    assert md in capsys.readouterr().out
+    row = next(line for line in md.splitlines() if line.startswith("| lp_normalize p=4 |")).split(" | ")
+    assert row[-1] == "vector_norm p=4 |"
+    ratio = statistics.median(times["lp_normalize p=4", True]) / statistics.median(times["vector_norm p=4", True])
+    assert row[4] == f"{ratio:.2f}"

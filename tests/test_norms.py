@@ -4,7 +4,7 @@ import math
 import torch
 
 from qknorm_fairseq.attention import NormAttention, init_small
-from qknorm_fairseq.embeddings import FixNormEmbedding, FixNormOutputProjection
+from qknorm_fairseq.embeddings import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from qknorm_fairseq.norms import RMSNorm, ScaleNorm, build_norm
 
 
@@ -35,6 +35,53 @@ def test_rmsnorm_definition():
     x = torch.randn(4, d)
     rms = x.pow(2).mean(-1, keepdim=True).sqrt()
     assert torch.allclose(norm(x), norm.weight * x / rms, atol=1e-4)
+
+
+def _reference_grads(module, formula, x, params):
+    """Gradients of module(x) and of the textbook formula (plain autograd) for one random cotangent."""
+    w = torch.randn(x.shape)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (module(xa) * w).sum().backward()
+    got = [xa.grad] + [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    (formula(xb) * w).sum().backward()
+    return got, [xb.grad] + [p.grad for p in params]
+
+
+def test_scalenorm_and_rmsnorm_backward_match_autograd_of_the_formula():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16) * 2
+    x[1, 2] = 0.0  # a clamped norm: the gradient is g/eps * dy there
+    sn = ScaleNorm(16)
+    sn.g.data.fill_(2.5)
+    got, ref = _reference_grads(sn, lambda v: sn.g * v / v.norm(dim=-1, keepdim=True).clamp(min=sn.eps), x, [sn.g])
+    for a, b in zip(got, ref):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-3 * b.abs().max().item()), (a - b).abs().max()
+    rms = RMSNorm(16)
+    rms.weight.data = torch.linspace(0.5, 2, 16)
+    formula = lambda v: rms.weight * v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + rms.eps)  # noqa: E731
+    got, ref = _reference_grads(rms, formula, x, [rms.weight])
+    for a, b in zip(got, ref):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_norm_functions_pass_gradcheck():
+    from qknorm_fairseq.norms import _RMSNormFunction, _ScaleNormFunction
+    x = torch.randn(4, 6, dtype=torch.double, requires_grad=True)
+    g = torch.tensor(2.0, dtype=torch.double, requires_grad=True)
+    w = torch.rand(6, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: _ScaleNormFunction.apply(a, b, 1e-5), (x, g))
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNormFunction.apply(a, b, 1e-6), (x, w))
+
+
+def test_scalenorm_fixed_g_gets_no_gradient_and_keeps_bf16():
+    norm = ScaleNorm(8, learnable=False)
+    x = torch.randn(2, 8, dtype=torch.bfloat16, requires_grad=True)
+    y = norm(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad is not None and norm.g.grad is None
 
 
 def test_build_norm_rejects_unknown_type():
@@ -71,6 +118,51 @@ def test_fixnorm_cache_follows_weight_updates():
         after = emb(torch.tensor([3]))
     assert not torch.allclose(before, after)
     assert torch.allclose(after, torch.arange(8.0) / torch.arange(8.0).norm())
+
+
+def test_fixnorm_shared_normalization_gives_the_same_gradients_with_one_normalization(monkeypatch):
+    torch.manual_seed(0)
+    emb = FixNormEmbedding(20, 8, padding_idx=1).train()
+    proj = FixNormOutputProjection(emb)
+    tokens, target = torch.tensor([[2, 5, 7]]), torch.tensor([3, 9, 4])
+
+    def step():
+        emb.zero_grad()
+        logits = proj(emb(tokens) + emb(tokens.flip(-1)))  # three uses, as source, target and output
+        torch.nn.functional.cross_entropy(logits[0], target).backward()
+        return logits.detach(), emb.weight.grad.clone()
+
+    calls = []
+    real = torch.nn.functional.normalize
+    monkeypatch.setattr("qknorm_fairseq.embeddings.F.normalize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain = step()
+    assert len(calls) == 3
+    calls.clear()
+    with shared_fixnorm(emb, emb, torch.nn.Linear(2, 2)):
+        shared = step()
+    assert len(calls) == 1
+    assert torch.allclose(plain[0], shared[0]) and torch.allclose(plain[1], shared[1], atol=1e-7)
+    calls.clear()
+    step()  # outside the context nothing stale is reused
+    assert len(calls) == 3 and emb._shared is None
+
+
+def test_fixnorm_cache_sees_optimizer_updates_through_data():
+    # fairseq's optimizers update parameters with p.data.copy_(...), invisible to the version
+    # counter; validation then runs after model.eval(). A stale cache made every validation of
+    # a FixNorm model decode with the embeddings of the first one.
+    emb = FixNormEmbedding(10, 8, padding_idx=1)
+    tokens = torch.tensor([3])
+    emb.eval()
+    with torch.no_grad():
+        first = emb(tokens).clone()
+    emb.train()
+    emb.weight.data.copy_(torch.randn(10, 8))
+    emb.eval()
+    with torch.no_grad():
+        second = emb(tokens)
+    assert torch.allclose(second, emb.weight[3].detach() / emb.weight[3].detach().norm())
+    assert not torch.allclose(first, second)
 
 
 def test_smallinit_statistics():
