@@ -282,18 +282,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.plots", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for cmd in ("dev-bleu", "grad-norm"):
+    # log plots read --log NAME=PATH (or every system of --pair under --log-dir), checkpoint plots --ckpt
+    for cmd, item, folder, env, default in (("dev-bleu", "log", "log-dir", "LOG_DIR", "logs"),
+                                            ("grad-norm", "log", "log-dir", "LOG_DIR", "logs"),
+                                            ("scales", "ckpt", "ckpt-dir", "CKPT_DIR", "checkpoints"),
+                                            ("attention", "ckpt", "ckpt-dir", "CKPT_DIR", "checkpoints")):
         p = sub.add_parser(cmd)
-        p.add_argument("--log", action="append", metavar="NAME=PATH")
+        p.add_argument(f"--{item}", action="append", metavar="NAME=PATH")
         p.add_argument("--pair")
-        p.add_argument("--log-dir", default=os.environ.get("LOG_DIR", os.path.join(ROOT, "logs")))
-        p.add_argument("--out", required=True)
-        p.add_argument("--title")
-    for cmd in ("scales", "attention"):
-        p = sub.add_parser(cmd)
-        p.add_argument("--ckpt", action="append", metavar="NAME=PATH")
-        p.add_argument("--pair")
-        p.add_argument("--ckpt-dir", default=os.environ.get("CKPT_DIR", os.path.join(ROOT, "checkpoints")))
+        p.add_argument(f"--{folder}", default=os.environ.get(env, os.path.join(ROOT, default)))
         p.add_argument("--out", required=True)
         p.add_argument("--title")
         if cmd == "attention":
