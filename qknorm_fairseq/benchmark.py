@@ -135,6 +135,28 @@ def autocast(opts):
     return torch.autocast(device_type="cpu", enabled=False)
 
 
+# Dense (no sparsity) tensor-core peaks from NVIDIA's data sheets, TFLOP/s, SXM parts.
+PEAK_TFLOPS = {("H100", "bf16"): 989.4, ("H200", "bf16"): 989.4, ("A100", "bf16"): 312.0,
+               ("H100", "fp32"): 66.9, ("H200", "fp32"): 66.9, ("A100", "fp32"): 19.5}
+
+
+def peak_tflops(gpu, dtype):
+    for (name, dt), value in PEAK_TFLOPS.items():
+        if gpu and name in gpu and dt == dtype:
+            return value
+    return None
+
+
+def step_flops(entry, sample, opts):
+    """Matrix FLOPs of one training step (forward + backward), as counted by torch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    entry["model"].train()
+    with FlopCounterMode(display=False) as counter:
+        train_step(entry, sample, opts)
+    return counter.get_total_flops()
+
+
 def train_step(entry, sample, opts):
     model, criterion, optim = entry["model"], entry["criterion"], entry["optim"]
     with autocast(opts):
@@ -281,19 +303,26 @@ def speed_markdown(res):
              f"fairseq `{STOCK}`.  ",
              f"Timing: {res['timing_method']}  ",
              f"Peak memory: {res['memory_method']}", "",
-             "| model | train tok/s | ratio | decode sent/s | ratio | peak MB | ratio | target | met |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "MFU: matrix FLOPs of a training step (torch FlopCounterMode) x median steps/s / "
+             + (f"{res['peak_tflops']:g} TFLOP/s dense peak" if res.get("peak_tflops") else "no known peak"), "",
+             "| model | train tok/s | ratio | decode sent/s | ratio | peak MB | ratio | TFLOP/s | MFU | target | met |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    def flop(r):
+        if "train_tflops" not in r:
+            return " | "
+        return f"{r['train_tflops']:.1f} | " + (f"{r['mfu']:.1%}" if r.get("mfu") is not None else "")
+
     for arch, r in res["models"].items():
         def cell(k):
             v = r[k]
             return f"{v['median']:.1f} [{v['q1']:.1f}-{v['q3']:.1f}]"
         if arch == STOCK:
             lines.append(f"| {arch} (stock) | {cell('train_tok_s')} | 1 | {cell('decode_sent_s')} | 1 | "
-                         f"{cell('peak_mem_mb')} | 1 | | |")
+                         f"{cell('peak_mem_mb')} | 1 | {flop(r)} | | |")
             continue
         rt = r["ratio"]
         lines.append(f"| {arch} | {cell('train_tok_s')} | {rt['train_tok_s']:.2f} | {cell('decode_sent_s')} | "
-                     f"{rt['decode_sent_s']:.2f} | {cell('peak_mem_mb')} | {rt['peak_mem_mb']:.2f} | "
+                     f"{rt['decode_sent_s']:.2f} | {cell('peak_mem_mb')} | {rt['peak_mem_mb']:.2f} | {flop(r)} | "
                      f">= {r['target']:.2f} | {'yes' if r['meets_target'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
@@ -320,8 +349,10 @@ def cmd_speed(opts):
             entries[arch] = build(data_bin, arch, opts)
     vocab = len(entries[STOCK]["task"].target_dictionary)
     sample = make_batch(entries[STOCK]["task"], opts.batch, opts.src_len, opts.tgt_len, opts.device, seed=1)
+    flops = {}
     for arch in archs:
         warm_up(entries[arch], sample, opts)
+        flops[arch] = step_flops(entries[arch], sample, opts)
     runs = {a: {k: [] for k in METRICS} for a in archs}
     # Short measurements, many repetitions, order rotating: the speed of a shared CPU drifts by
     # 20-30% over tens of seconds, so each model is timed often and close to every other.
@@ -336,8 +367,14 @@ def cmd_speed(opts):
                   f"decode, {mem:.1f} MB", file=sys.stderr, flush=True)
     info["load_average_end"] = list(os.getloadavg())
     models = {}
+    peak = opts.peak_tflops if opts.peak_tflops is not None else peak_tflops(info.get("gpu"), opts.dtype)
     for arch in archs:
         models[arch] = {k: summarise(runs[arch][k]) for k in METRICS}
+        # model FLOPs utilisation: matrix FLOPs of one training step (forward + backward, counted by
+        # torch's FlopCounterMode) at the median step rate, over the device's dense peak
+        tflops = flops[arch] * models[arch]["train_tok_s"]["median"] / sample["ntokens"] / 1e12
+        models[arch]["train_tflops"] = tflops
+        models[arch]["mfu"] = tflops / peak if peak else None
     for arch in archs[1:]:
         r = models[arch]
         r["ratio"] = {k: r[k]["median"] / models[STOCK][k]["median"] for k in METRICS}
@@ -354,7 +391,7 @@ def cmd_speed(opts):
                              "by autograd for backward in one training forward"),
            "timing_method": ("wall-clock (CUDA synchronised)" if opts.device.startswith("cuda") else
                              "process CPU time (time.process_time), not inflated by other jobs on a shared CPU"),
-           "stock": STOCK, "models": models}
+           "stock": STOCK, "peak_tflops": peak, "models": models}
     os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
     write_atomic(opts.out + ".json", json.dumps(res, indent=1) + "\n")
     write_atomic(opts.out + ".md", speed_markdown(res))
@@ -518,6 +555,8 @@ def main(argv=None):
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     s.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    s.add_argument("--peak-tflops", type=float,
+                   help="the device's dense peak for --dtype, for the MFU column (default: known H100/H200/A100 values)")
     s.add_argument("--out", default="results/benchmark", help="writes OUT.json and OUT.md")
     k = sub.add_parser("kernels", help="norm and l_p-normalisation kernels against their references (CPU)")
     k.add_argument("--dim", type=int, default=256)

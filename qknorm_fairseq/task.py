@@ -66,6 +66,11 @@ class TranslationQKConfig(TranslationConfig):
                           "gnmt (score / ((5+|y|)/6)^gnmt_alpha)"},
     )
     gnmt_alpha: float = field(default=0.6, metadata={"help": "alpha of GNMT length normalisation"})
+    decode_precision: ChoiceEnum(("fp32", "bf16", "fp16")) = field(
+        default="fp32",
+        metadata={"help": "decode under CUDA autocast in this precision (fairseq-generate has no --bf16; "
+                          "a model trained with --bf16/--fp16 already validates in its own precision)"},
+    )
 
 
 @register_task("translation_qk", dataclass=TranslationQKConfig)
@@ -89,6 +94,16 @@ class TranslationQKTask(TranslationTask):
             extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {}, gnmt_alpha=self.cfg.gnmt_alpha)
         return super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                        extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.decode_precision)
+        if dtype is None:
+            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
+        if next(models[0].parameters()).device.type != "cuda":
+            raise ValueError(f"--decode-precision {self.cfg.decode_precision} needs a CUDA device; decode on a CPU "
+                             "in fp32 (drop the flag)")
+        with torch.autocast("cuda", dtype=dtype):
+            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def begin_valid_epoch(self, epoch, model):
         super().begin_valid_epoch(epoch, model)

@@ -20,7 +20,15 @@ log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&
 die() { printf '[%s] error: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
 
 # Creates or reuses .venv (scripts/install.sh is idempotent) and puts it first on PATH.
+# QKNORM_USE_ENV=1 uses the Python environment already on PATH instead (a cluster's module, a
+# container with no internet): nothing is installed, the imports are checked.
 activate_env() {
+  if [[ ${QKNORM_USE_ENV:-0} == 1 ]]; then
+    python -c 'import fairseq, sacrebleu' 2>/dev/null \
+      || die "QKNORM_USE_ENV=1 but $(command -v python || echo python) cannot import fairseq and sacrebleu: install them, or unset QKNORM_USE_ENV to build .venv/"
+    command -v fairseq-train >/dev/null || die "QKNORM_USE_ENV=1 but fairseq-train is not on PATH"
+    return 0
+  fi
   VENV=$VENV bash "$ROOT/scripts/install.sh"
   # shellcheck disable=SC1091
   source "$VENV/bin/activate"

@@ -15,9 +15,14 @@ Options (before PAIR):
                                invsqrtdecay, valdecay_2xlr, invsqrtdecay_2xlr); default: the config's
   --paper-qknorm-length        QKNorm's L from the config (the papers' value) instead of the data
   --name NAME                  run name (default SYSTEM, or SYSTEM_SCHEDULE with --schedule)
-  --dry-run                    print the fairseq-train command and exit
+  --gpus N                     data-parallel training on N GPUs of this machine: N processes
+                               started by torchrun, fairseq's distributed engine (NCCL); the
+                               recipe's tokens per update are kept (each process takes
+                               max-tokens / N) unless --max-tokens-per-gpu says otherwise
+  --max-tokens-per-gpu T       with --gpus: T tokens per process (an update is N x T tokens)
+  --dry-run                    print the command and exit
 Extra flags go to fairseq-train unchanged and win over the recipe, e.g. --max-update 200 for a short
-run, or --distributed-world-size 4 for 4 GPUs.
+run.
 
 Writes checkpoints to \$CKPT_DIR/PAIR/NAME/ (checkpoint_best.pt by dev BLEU, checkpoint_last.pt) and
 the fairseq JSON log to \$LOG_DIR/PAIR/NAME/train.log. Re-running resumes from checkpoint_last.pt;
@@ -25,7 +30,7 @@ a run that finished with the same command is skipped.
 EOF
 }
 
-precision=fp32 schedule="" paper_len=() name="" dry=0
+precision=fp32 schedule="" paper_len=() name="" dry=0 gpus="" per_gpu=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -34,6 +39,8 @@ while [[ $# -gt 0 ]]; do
     --paper-qknorm-length) paper_len=(--paper-qknorm-length); shift ;;
     --name) name=${2:?--name needs a value}; shift 2 ;;
     --dry-run) dry=1; shift ;;
+    --gpus) gpus=${2:?--gpus needs a number}; shift 2 ;;
+    --max-tokens-per-gpu) per_gpu=${2:?--max-tokens-per-gpu needs a number}; shift 2 ;;
     --) shift; break ;;
     -*) die "unknown option $1 before PAIR SYSTEM (see --help); fairseq flags go after PAIR SYSTEM" ;;
     *) break ;;
@@ -44,6 +51,9 @@ pair=$1 system=$2
 shift 2
 extra=("$@")
 case $precision in fp32|fp16|bf16) ;; *) die "--precision must be fp32, fp16 or bf16, got '$precision'" ;; esac
+[[ -z $gpus || $gpus =~ ^[1-9][0-9]*$ ]] || die "--gpus must be a positive integer, got '$gpus'"
+[[ -z $per_gpu || $per_gpu =~ ^[1-9][0-9]*$ ]] || die "--max-tokens-per-gpu must be a positive integer, got '$per_gpu'"
+[[ -z $per_gpu || -n $gpus ]] || die "--max-tokens-per-gpu goes with --gpus N"
 [[ -n $name ]] || name=$system${schedule:+_$schedule}
 
 if [[ $dry == 1 && -x $VENV/bin/python ]]; then source "$VENV/bin/activate"; else activate_env; fi
@@ -62,17 +72,50 @@ fi
 rm -f "$err"
 eval "args=($recipe_line)"  # recipes.py prints one shell-quoted line
 
+launcher=() dist=()
+if [[ -n $gpus ]]; then
+  # N processes on this machine through torchrun; fairseq reads RANK/WORLD_SIZE/LOCAL_RANK from
+  # its environment. --max-tokens is per process in fairseq, so the recipe's update size (the
+  # papers': 4,096 tokens) is split over the N processes.
+  total=$(python -m qknorm_fairseq.recipes get "$pair" train.max_tokens)
+  if [[ -n $per_gpu ]]; then
+    tokens=$per_gpu
+  else
+    (( total % gpus == 0 )) || die "--gpus $gpus does not divide the recipe's $total tokens per update: pass --max-tokens-per-gpu T (an update is then $gpus x T tokens)"
+    tokens=$((total / gpus))
+  fi
+  launcher=(torchrun --standalone --nproc_per_node "$gpus")
+  dist=(--distributed-world-size "$gpus" --max-tokens "$tokens")
+  # fairseq skips its distributed set-up at world size 1 (infer_init_method returns early); name
+  # the init method so that one GPU runs the same code path (NCCL process group) as eight.
+  [[ $gpus == 1 ]] && dist+=(--distributed-init-method env:// --distributed-no-spawn)
+  if [[ -z $per_gpu ]]; then
+    log "$gpus GPU processes x $tokens tokens = $total tokens per update (the recipe's; --max-tokens-per-gpu to change)"
+  else
+    log "$gpus GPU processes x $tokens tokens = $((gpus * tokens)) tokens per update (the recipe has $total)"
+  fi
+fi
+
 device=()
-if has_gpu; then
+if [[ -n $gpus ]] || has_gpu; then  # --gpus: a dry run on a machine without GPUs prints the GPU command
   [[ $precision == fp32 ]] || device=(--"$precision")
-  where="GPU ($precision)"
+  where="${gpus:-1} GPU(s) ($precision)"
 else
   [[ $precision == fp32 ]] || die "--precision $precision needs a GPU; none is visible to torch (CPU runs are fp32)"
   device=(--cpu)
   where="CPU (fp32)"
 fi
 
-cmd=(fairseq-train "${args[@]}" "${device[@]}" "${extra[@]}")
+if [[ -n $gpus && $dry == 0 ]]; then
+  have=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  (( have >= gpus )) || die "--gpus $gpus: torch sees $have CUDA device(s) on this machine"
+fi
+# python -m qknorm_fairseq.train is fairseq-train with --bf16 usable on a GPU (see its docstring)
+if [[ -n $gpus ]]; then
+  cmd=("${launcher[@]}" -m qknorm_fairseq.train "${args[@]}" "${dist[@]}" "${device[@]}" "${extra[@]}")
+else
+  cmd=(python -m qknorm_fairseq.train "${args[@]}" "${device[@]}" "${extra[@]}")
+fi
 if [[ $dry == 1 ]]; then
   printf '%q ' "${cmd[@]}"; echo
   exit 0
