@@ -13,7 +13,13 @@ def register():
     from . import checkpoint_compat  # noqa: F401  (first: lets torch >= 2.6 load fairseq checkpoints)
     from . import model, architectures, criterion  # noqa: F401  (model before its presets)
     from . import lr_scheduler, task  # noqa: F401  (val_decay scheduler, translation_qk task)
+    import logging
+
     from fairseq import utils
+
+    # fairseq sets every rank but the first to WARNING; our few INFO lines (QKNorm g0, the target
+    # vocabulary mask, ValDecay's decisions) carry the rank and are kept on every rank.
+    logging.getLogger(__name__).setLevel(logging.INFO)
 
     # fairseq's import_user_module refuses a second --user-dir whose folder is also named
     # "qknorm_fairseq" once the module is imported; recording our own path in its memo makes

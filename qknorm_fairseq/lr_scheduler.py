@@ -35,6 +35,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
+from .distributed import rank_tag, same_on_all_ranks
+
 logger = logging.getLogger(__name__)
 
 # The scheduler of this process's trainer, for the task's post_validate hook (fairseq gives
@@ -125,7 +127,7 @@ class ValDecaySchedule(FairseqLRScheduler):
         current = root.optimization.max_update
         if not current or current > num_updates:
             root.optimization.max_update = num_updates
-        logger.info(f"val_decay: LR {self.flat_lr:.6g} < --decay-stop-lr {self.cfg.decay_stop_lr}: "
+        logger.info(f"{rank_tag()}val_decay: LR {self.flat_lr:.6g} < --decay-stop-lr {self.cfg.decay_stop_lr}: "
                     f"stopping training (max_update set to {num_updates})")
 
     # --- the rule -------------------------------------------------------------------
@@ -137,6 +139,9 @@ class ValDecaySchedule(FairseqLRScheduler):
     def on_validation(self, value, num_updates):
         """Record one validation metric; decay the LR when the rule says so."""
         value = float(value)
+        # Under data-parallel training every rank must take the same decision: the metric is
+        # fairseq's all-reduced one, and a rank-local value would make the ranks' LRs drift apart.
+        same_on_all_ranks("val_decay's validation (update, metric)", (int(num_updates), value))
         patience = self.cfg.decay_patience
         previous = self.history[-patience:]
         decay = (
@@ -150,15 +155,16 @@ class ValDecaySchedule(FairseqLRScheduler):
             self.best = value
         else:
             self.best = max(self.best, value) if self.cfg.maximize_best_checkpoint_metric else min(self.best, value)
+        metric = self.cfg.best_checkpoint_metric
         if decay:
             self.flat_lr *= self.cfg.decay_factor
             self.decay_updates.append(num_updates)
-            logger.info(
-                f"val_decay: {self.cfg.best_checkpoint_metric} {value} worse than each of the previous {patience} "
-                f"{previous}: LR -> {self.flat_lr:.6g} at update {num_updates}"
-            )
+            logger.info(f"{rank_tag()}val_decay: update {num_updates} {metric} {value} worse than each of the "
+                        f"previous {patience} {previous}: LR -> {self.flat_lr:.6g}")
             if self.should_stop():
                 self._request_stop(num_updates)
+        else:
+            logger.info(f"{rank_tag()}val_decay: update {num_updates} {metric} {value}: LR kept")
         return self.step_update(num_updates)
 
     # --- fairseq's hooks ------------------------------------------------------------

@@ -5,6 +5,7 @@ build_decoder, build_*_layer, build_self_attention, build_encoder_attention,
 build_output_projection); no forward pass of fairseq is copied.
 """
 import argparse
+import hashlib
 import logging
 import math
 
@@ -16,7 +17,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
-from . import data_stats
+from . import data_stats, distributed
 from .attention import ATTENTION_TYPES, NormAttention, init_small, parse_attention_type
 from .embeddings import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .norms import NORM_TYPES, build_norm
@@ -102,11 +103,12 @@ def _train_data(task):
 
 def resolve_qknorm_g0(args, task):
     if args.qknorm_g0 is not None:
-        logger.info(f"QKNorm g0 = {args.qknorm_g0:.4f} (given by --qknorm-g0)")
+        logger.info(f"{distributed.rank_tag()}QKNorm g0 = {args.qknorm_g0:.4f} (given by --qknorm-g0)")
         return args.qknorm_g0
     if args.qknorm_length is not None:
         g0 = data_stats.g0_from_length(args.qknorm_length)
-        logger.info(f"QKNorm g0 = {g0:.4f} from --qknorm-length L = {args.qknorm_length:g}")
+        logger.info(f"{distributed.rank_tag()}QKNorm g0 = {g0:.4f} from --qknorm-length L = "
+                    f"{args.qknorm_length:g}")
         return g0
     data, src, tgt = _train_data(task)
     try:
@@ -117,7 +119,8 @@ def resolve_qknorm_g0(args, task):
                        "to train, give --qknorm-length or --qknorm-g0 or binarized train data)")
         return 1.0
     g0 = data_stats.g0_from_length(length)
-    logger.info(f"QKNorm g0 = {g0:.4f} from L = {length:.2f}, the {args.qknorm_percentile:g}th percentile of "
+    logger.info(f"{distributed.rank_tag()}QKNorm g0 = {g0:.4f} from L = {length:.2f}, "
+                f"the {args.qknorm_percentile:g}th percentile of "
                 f"source and target lengths of the train split in {data}")
     return g0
 
@@ -134,7 +137,8 @@ def target_vocab(task):
     allowed[:] = False
     allowed[torch.from_numpy(types)] = True
     allowed[task.target_dictionary.eos()] = True
-    logger.info(f"target vocabulary mask: {int(allowed.sum())} of {len(allowed)} types can be generated")
+    logger.info(f"{distributed.rank_tag()}target vocabulary mask: {int(allowed.sum())} of {len(allowed)} types "
+                "can be generated")
     return allowed
 
 
@@ -260,10 +264,15 @@ class QKTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         set_defaults(args)
         uses_qknorm = check_args(args)
-        args.qknorm_g0_value = resolve_qknorm_g0(args, task) if uses_qknorm else 1.0
+        distributed.check_ddp_backend(args)
+        g0 = resolve_qknorm_g0(args, task) if uses_qknorm else 1.0
+        args.qknorm_g0_value = distributed.same_on_all_ranks("QKNorm g0", g0)
         model = super().build_model(args, task)
         if args.target_vocab_mask:
-            model.decoder.allowed_types.copy_(target_vocab(task))
+            allowed = target_vocab(task)
+            distributed.same_on_all_ranks("the target vocabulary mask",
+                                          hashlib.sha1(allowed.numpy().tobytes()).hexdigest())
+            model.decoder.allowed_types.copy_(allowed)
         return model
 
     @classmethod

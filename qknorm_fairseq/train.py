@@ -1,39 +1,59 @@
-"""`fairseq-train` that can train in bf16 on a GPU.
+"""`fairseq-train` with two fixes for the hardware people actually have.
 
     python -m qknorm_fairseq.train [fairseq-train arguments]      (what scripts/train.sh runs)
 
-fairseq 0.12 ties `--bf16` to TPUs: `options.parse_args_and_arch` sets `args.tpu = True` whenever
-`--bf16` is given, so a bf16 run on a CUDA GPU goes down the torch_xla path and fails
-(`'NoneType' object has no attribute 'xrt_world_size'` under distributed training, no XLA device
-otherwise). This entry point is fairseq-train with that one line undone when torch_xla is not
-installed; everything else, bf16 included (model cast to bf16, fp32 master weights in fairseq's
-FP16Optimizer), is fairseq's own.
+1. bf16 on a GPU. fairseq 0.12 ties `--bf16` to TPUs: `options.parse_args_and_arch` sets
+   `args.tpu = True` whenever `--bf16` is given, so a bf16 run on a CUDA GPU goes down the
+   torch_xla path and fails (`'NoneType' object has no attribute 'xrt_world_size'` under
+   distributed training). Undone here when torch_xla is not installed; bf16 itself (model cast to
+   bf16, fp32 master weights in fairseq's FP16Optimizer) is fairseq's own.
+2. Several processes on CPUs. fairseq's default DDP backend cannot wrap a CPU model (see
+   distributed.py); with `--cpu` and no `--ddp-backend` given, `legacy_ddp` is used instead.
 """
+import logging
+import os
+import sys
+
+logger = logging.getLogger("qknorm_fairseq.train")
 
 
-def untie_bf16_from_tpu(parse):
+def _given(flag, argv):
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def fix_args(ns, argv):
+    if getattr(ns, "bf16", False) and getattr(ns, "tpu", False) and not _given("--tpu", argv):
+        try:
+            import torch_xla  # noqa: F401  (a real TPU machine keeps fairseq's behaviour)
+        except ImportError:
+            ns.tpu = False
+    world = max(getattr(ns, "distributed_world_size", 1) or 1, int(os.environ.get("WORLD_SIZE", 1)))
+    if getattr(ns, "cpu", False) and world > 1 and not _given("--ddp-backend", argv):
+        from .distributed import CPU_DDP_BACKENDS
+
+        if ns.ddp_backend not in CPU_DDP_BACKENDS:
+            logger.info(f"--cpu: --ddp-backend {CPU_DDP_BACKENDS[0]} (fairseq's {ns.ddp_backend} needs GPUs)")
+            ns.ddp_backend = CPU_DDP_BACKENDS[0]
+    return ns
+
+
+def wrap_parser(parse, argv):
     def parse_args_and_arch(*args, **kwargs):
         out = parse(*args, **kwargs)
-        ns = out[0] if isinstance(out, tuple) else out
-        if getattr(ns, "bf16", False) and getattr(ns, "tpu", False):
-            try:
-                import torch_xla  # noqa: F401  (a real TPU machine keeps fairseq's behaviour)
-            except ImportError:
-                ns.tpu = False
+        fix_args(out[0] if isinstance(out, tuple) else out, argv)
         return out
 
     return parse_args_and_arch
 
 
-def main():
+def main(argv=None):
+    from fairseq_cli import train  # first: it sets up fairseq's log format before fairseq is imported
     from fairseq import options
-    from fairseq_cli import train
 
     from . import register
 
     register()  # `python -m` skipped it (see __init__.py); --user-dir then finds it registered
-
-    options.parse_args_and_arch = untie_bf16_from_tpu(options.parse_args_and_arch)
+    options.parse_args_and_arch = wrap_parser(options.parse_args_and_arch, sys.argv[1:] if argv is None else argv)
     train.cli_main()
 
 

@@ -20,6 +20,11 @@ Options (before PAIR):
                                recipe's tokens per update are kept (each process takes
                                max-tokens / N) unless --max-tokens-per-gpu says otherwise
   --max-tokens-per-gpu T       with --gpus: T tokens per process (an update is N x T tokens)
+  --nodes M --node-rank R --master HOST:PORT
+                               with --gpus N: M machines of N GPUs each (run the same command on
+                               every machine, R = 0..M-1; HOST:PORT reachable from all of them);
+                               the update is split over all M x N processes.
+                               scripts/slurm_train.sbatch does this under Slurm
   --dry-run                    print the command and exit
 Extra flags go to fairseq-train unchanged and win over the recipe, e.g. --max-update 200 for a short
 run.
@@ -30,7 +35,7 @@ a run that finished with the same command is skipped.
 EOF
 }
 
-precision=fp32 schedule="" paper_len=() name="" dry=0 gpus="" per_gpu=""
+precision=fp32 schedule="" paper_len=() name="" dry=0 gpus="" per_gpu="" nodes=1 node_rank="" master=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -41,6 +46,9 @@ while [[ $# -gt 0 ]]; do
     --dry-run) dry=1; shift ;;
     --gpus) gpus=${2:?--gpus needs a number}; shift 2 ;;
     --max-tokens-per-gpu) per_gpu=${2:?--max-tokens-per-gpu needs a number}; shift 2 ;;
+    --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
+    --node-rank) node_rank=${2:?--node-rank needs a number}; shift 2 ;;
+    --master) master=${2:?--master needs HOST:PORT}; shift 2 ;;
     --) shift; break ;;
     -*) die "unknown option $1 before PAIR SYSTEM (see --help); fairseq flags go after PAIR SYSTEM" ;;
     *) break ;;
@@ -54,6 +62,12 @@ case $precision in fp32|fp16|bf16) ;; *) die "--precision must be fp32, fp16 or 
 [[ -z $gpus || $gpus =~ ^[1-9][0-9]*$ ]] || die "--gpus must be a positive integer, got '$gpus'"
 [[ -z $per_gpu || $per_gpu =~ ^[1-9][0-9]*$ ]] || die "--max-tokens-per-gpu must be a positive integer, got '$per_gpu'"
 [[ -z $per_gpu || -n $gpus ]] || die "--max-tokens-per-gpu goes with --gpus N"
+[[ $nodes =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '$nodes'"
+if (( nodes > 1 )); then
+  [[ -n $gpus ]] || die "--nodes $nodes goes with --gpus N (GPUs per machine)"
+  [[ $node_rank =~ ^[0-9]+$ ]] && (( node_rank < nodes )) || die "--nodes $nodes needs --node-rank 0..$((nodes - 1)), got '$node_rank'"
+  [[ $master =~ ^[^:]+:[0-9]+$ ]] || die "--nodes $nodes needs --master HOST:PORT (the machine of --node-rank 0), got '$master'"
+fi
 [[ -n $name ]] || name=$system${schedule:+_$schedule}
 
 if [[ $dry == 1 && -x $VENV/bin/python ]]; then source "$VENV/bin/activate"; else activate_env; fi
@@ -78,21 +92,27 @@ if [[ -n $gpus ]]; then
   # its environment. --max-tokens is per process in fairseq, so the recipe's update size (the
   # papers': 4,096 tokens) is split over the N processes.
   total=$(python -m qknorm_fairseq.recipes get "$pair" train.max_tokens)
+  world=$((gpus * nodes))
   if [[ -n $per_gpu ]]; then
     tokens=$per_gpu
   else
-    (( total % gpus == 0 )) || die "--gpus $gpus does not divide the recipe's $total tokens per update: pass --max-tokens-per-gpu T (an update is then $gpus x T tokens)"
-    tokens=$((total / gpus))
+    (( total % world == 0 )) || die "$world GPU processes do not divide the recipe's $total tokens per update: pass --max-tokens-per-gpu T (an update is then $world x T tokens)"
+    tokens=$((total / world))
   fi
-  launcher=(torchrun --standalone --nproc_per_node "$gpus")
-  dist=(--distributed-world-size "$gpus" --max-tokens "$tokens")
+  if (( nodes > 1 )); then
+    launcher=(torchrun --nnodes "$nodes" --node_rank "$node_rank" --nproc_per_node "$gpus"
+              --master_addr "${master%:*}" --master_port "${master##*:}")
+  else
+    launcher=(torchrun --standalone --nproc_per_node "$gpus")
+  fi
+  dist=(--distributed-world-size "$world" --max-tokens "$tokens")
   # fairseq skips its distributed set-up at world size 1 (infer_init_method returns early); name
   # the init method so that one GPU runs the same code path (NCCL process group) as eight.
-  [[ $gpus == 1 ]] && dist+=(--distributed-init-method env:// --distributed-no-spawn)
+  [[ $world == 1 ]] && dist+=(--distributed-init-method env:// --distributed-no-spawn)
   if [[ -z $per_gpu ]]; then
-    log "$gpus GPU processes x $tokens tokens = $total tokens per update (the recipe's; --max-tokens-per-gpu to change)"
+    log "$world GPU processes x $tokens tokens = $total tokens per update (the recipe's; --max-tokens-per-gpu to change)"
   else
-    log "$gpus GPU processes x $tokens tokens = $((gpus * tokens)) tokens per update (the recipe has $total)"
+    log "$world GPU processes x $tokens tokens = $((world * tokens)) tokens per update (the recipe has $total)"
   fi
 fi
 

@@ -84,3 +84,25 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
     assert row[-1] == "vector_norm p=4 |"
     ratio = statistics.median(times["lp_normalize p=4", True]) / statistics.median(times["vector_norm p=4", True])
     assert row[4] == f"{ratio:.2f}"
+
+
+def test_step_flops_and_mfu(tmp_path):
+    # A training step's matrix FLOPs are at least 3 x 2 x (tokens x params of every Linear) for the
+    # forward, input-gradient and weight-gradient products; MFU is TFLOP/s over the given peak.
+    out = tmp_path / "bench"
+    benchmark.main(["speed", *TINY, "--archs", "transformer_qknorm", "--peak-tflops", "2.0", "--out", str(out)])
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["peak_tflops"] == 2.0
+    for r in res["models"].values():
+        assert r["mfu"] == pytest.approx(r["train_tflops"] / 2.0)
+    import torch
+
+    import argparse
+
+    opts = argparse.Namespace(dim=16, layers=1, heads=2, ffn=None, dropout=0.1, src_len=5, device="cpu", dtype="fp32")
+    entry = benchmark.build(benchmark.make_corpus(str(tmp_path / "c"), 30, 5), "transformer", opts)
+    sample = benchmark.make_batch(entry["task"], 2, 5, 4, "cpu", seed=1)
+    linear = sum(m.weight.numel() for m in entry["model"].modules() if isinstance(m, torch.nn.Linear))
+    assert benchmark.step_flops(entry, sample, opts) >= 6 * linear * 2 * 4  # >= decoder-side products alone
+    assert benchmark.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert benchmark.peak_tflops("Some CPU", "fp32") is None

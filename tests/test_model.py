@@ -230,3 +230,15 @@ def test_masked_label_smoothing():
     sub = masked[:, allowed]  # the same loss computed on the allowed sub-vocabulary
     ref_loss, ref_nll = label_smoothed_nll_loss(sub, target, 0.1, ignore_index=0)
     assert torch.isfinite(loss) and torch.allclose(loss, ref_loss) and torch.allclose(nll, ref_nll)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_parameter_gets_a_gradient(tiny_data, arch):
+    # PyTorch's DistributedDataParallel (fairseq's default --ddp-backend on GPUs) fails at the
+    # second step when a parameter takes no part in the loss (find_unused_parameters is off).
+    model, task = build(tiny_data / "bin", arch)
+    src, lengths, prev = batch(task)
+    out, _ = model(src, lengths, prev)
+    out.float().logsumexp(-1).sum().backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.abs().sum())]
+    assert unused == []

@@ -1,0 +1,75 @@
+"""The GPU-facing pieces that run anywhere: the precision report, the training entry point's
+fixes to fairseq's arguments, and decoding precision."""
+import argparse
+import json
+
+import pytest
+
+from conftest import fairseq
+from qknorm_fairseq import precision_check
+from qknorm_fairseq.train import fix_args
+
+
+def _log(path, losses):
+    path.mkdir(parents=True)
+    lines = ["# 2026-01-01T00:00:00Z fairseq-train ..."]
+    for update, loss in losses.items():
+        rec = {"epoch": 1, "loss": str(loss), "num_updates": str(update)}
+        lines.append(f"2026-01-01 00:00:00 | INFO | train_inner | {json.dumps(rec)}")
+        lines.append(f"2026-01-01 00:00:00 | INFO | train_inner | {json.dumps(rec)}")  # fairseq's duplicate
+    (path / "train.log").write_text("\n".join(lines) + "\n")
+
+
+def test_precision_report_compares_every_logged_update_with_fp32(tmp_path):
+    _log(tmp_path / "qknorm_fp32", {10: 8.0, 20: 6.0, 30: 5.0})
+    _log(tmp_path / "qknorm_bf16", {10: 8.1, 20: 6.3, 30: 5.0})  # 1.25%, 5%, 0%
+    _log(tmp_path / "qknorm_fp16", {10: 8.0, 20: float("nan"), 30: 5.0})
+    rc = precision_check.main(["--log-dir", str(tmp_path), "--systems", "qknorm", "--tolerance", "0.04",
+                               "--out", str(tmp_path / "report")])
+    res = json.loads((tmp_path / "report.json").read_text())["results"]["qknorm"]
+    assert res["bf16"]["max_rel_diff"] == pytest.approx(0.05)
+    assert res["bf16"]["mean_rel_diff"] == pytest.approx((0.0125 + 0.05) / 3)
+    assert res["bf16"]["finite"] and not res["bf16"]["passed"]  # 5% > 4%
+    assert not res["fp16"]["finite"] and not res["fp16"]["passed"]
+    assert rc == 1
+    assert "| qknorm | bf16 | 3 | 5.000 (5.000) | 0.0500 | 0.0208 | yes | NO |" in (tmp_path / "report.md").read_text()
+
+
+def test_precision_report_names_a_missing_run(tmp_path):
+    _log(tmp_path / "postnorm_fp32", {10: 8.0})
+    assert precision_check.main(["--log-dir", str(tmp_path), "--systems", "postnorm", "--out",
+                                 str(tmp_path / "r")]) == 1
+    assert "postnorm: train log" in (tmp_path / "r.md").read_text()
+
+
+def ns(**kw):
+    base = dict(bf16=False, tpu=False, cpu=False, ddp_backend="pytorch_ddp", distributed_world_size=1)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_bf16_is_untied_from_tpu_without_torch_xla():
+    # what fairseq's options.parse_args_and_arch makes of --bf16
+    assert fix_args(ns(bf16=True, tpu=True), ["--bf16"]).tpu is False
+    assert fix_args(ns(bf16=True, tpu=True), ["--bf16", "--tpu"]).tpu is True  # asked for explicitly
+
+
+def test_cpu_ranks_get_legacy_ddp_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert fix_args(ns(cpu=True, distributed_world_size=2), []).ddp_backend == "legacy_ddp"
+    assert fix_args(ns(cpu=True), []).ddp_backend == "pytorch_ddp"  # one process: nothing to wrap
+    assert fix_args(ns(distributed_world_size=2), []).ddp_backend == "pytorch_ddp"  # GPUs: fairseq's default
+    given = ["--ddp-backend", "pytorch_ddp"]
+    assert fix_args(ns(cpu=True, distributed_world_size=2), given).ddp_backend == "pytorch_ddp"
+    monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun's
+    assert fix_args(ns(cpu=True), []).ddp_backend == "legacy_ddp"
+
+
+def test_decode_precision_on_a_cpu_is_an_error(tiny_data, tmp_path):
+    from conftest import train_args
+
+    fairseq("train", *train_args(tiny_data / "bin", tmp_path / "ck", "transformer_postnorm", "--cpu", max_epoch=1))
+    out = fairseq("generate", tiny_data / "bin", "--user-dir", __import__("conftest").USER_DIR, "--path",
+                  tmp_path / "ck/checkpoint_last.pt", "--task", "translation_qk", "--source-lang", "src",
+                  "--target-lang", "tgt", "--cpu", "--decode-precision", "bf16", "--beam", "2", check=False)
+    assert out.returncode != 0
+    assert "--decode-precision bf16 needs a CUDA device" in out.stderr
