@@ -23,8 +23,9 @@ def qknorm_transformer(args):
 def twt_common(args, prenorm):
     # TwT Appendix A: same dropout on sublayer outputs, ReLU and attention weights; tied
     # source/target/output embeddings; word dropout 0.1; output masked to the target vocabulary.
+    # Both original code bases add a learned bias to the output logits (use_bias).
     _set(args, dropout=0.3, attention_dropout=0.3, activation_dropout=0.3, share_all_embeddings=True,
-         word_dropout=0.1, target_vocab_mask=True, init_scheme="smallinit",
+         word_dropout=0.1, target_vocab_mask=True, init_scheme="smallinit", output_bias=True,
          encoder_normalize_before=prenorm, decoder_normalize_before=prenorm)
     base_architecture(args)
 

@@ -227,7 +227,11 @@ class NormAttention(MultiheadAttention):
 
 def init_small(attn: MultiheadAttention, embed_dim):
     """SmallInit (TwT section 3.1): N(0, sqrt(2/(5d))) for the attention projections, zero biases."""
-    std = math.sqrt(2.0 / (5 * embed_dim))
+    init_normal(attn, math.sqrt(2.0 / (5 * embed_dim)))
+
+
+def init_normal(attn: MultiheadAttention, std):
+    """N(0, std) for the attention projections, zero biases."""
     for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
         nn.init.normal_(proj.weight, mean=0.0, std=std)
         if proj.bias is not None:

@@ -18,7 +18,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
 from . import data_stats, distributed
-from .attention import ATTENTION_TYPES, NormAttention, init_small, parse_attention_type
+from .attention import ATTENTION_TYPES, NormAttention, init_normal, parse_attention_type
 from .embeddings import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .norms import NORM_TYPES, build_norm
 
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 DEFAULTS = dict(norm_type="layernorm", scalenorm_fixed_g=False, fixnorm=False, init_scheme="fairseq",
                 encoder_attention="softmax", decoder_attention="softmax", cross_attention="softmax",
                 qknorm_p=2.0, qknorm_length=None, qknorm_g0=None, qknorm_percentile=97.5,
-                word_dropout=0.0, target_vocab_mask=False)
+                word_dropout=0.0, target_vocab_mask=False, output_bias=False)
 
 
 def add_qknorm_args(parser):
@@ -40,9 +40,10 @@ def add_qknorm_args(parser):
     group.add_argument("--fixnorm", action=argparse.BooleanOptionalAction,
                        help="FixNorm: l2-normalised tied embeddings, U(-0.01, 0.01) init (needs "
                             "--share-all-embeddings)")
-    group.add_argument("--init-scheme", choices=("fairseq", "smallinit"),
+    group.add_argument("--init-scheme", choices=INIT_SCHEMES,
                        help="smallinit: attention N(0, sqrt(2/5d)), FFN N(0, sqrt(2/(d+d_ff))) (TwT 3.1); "
-                            "fairseq: fairseq's Xavier init (default)")
+                            "xavier_normal: attention N(0, sqrt(2/2d)), FFN as smallinit (TwT Table 2 "
+                            "baseline); fairseq: fairseq's Xavier uniform init (default)")
     for site, what in (("encoder", "encoder self-attention"), ("decoder", "decoder self-attention"),
                        ("cross", "encoder-decoder attention")):
         group.add_argument(f"--{site}-attention", choices=ATTENTION_TYPES,
@@ -61,6 +62,9 @@ def add_qknorm_args(parser):
     group.add_argument("--target-vocab-mask", action=argparse.BooleanOptionalAction,
                        help="set to -inf the logits of types never seen on the target side of the train "
                             "split (use with --criterion masked_label_smoothed_cross_entropy)")
+    group.add_argument("--output-bias", action=argparse.BooleanOptionalAction,
+                       help="a learned, zero-initialised bias on the output logits, as in both original "
+                            "code bases (default: off, as fairseq)")
 
 
 def set_defaults(args):
@@ -90,6 +94,9 @@ def check_args(args):
     if args.fixnorm and not args.share_all_embeddings:
         raise ValueError("--fixnorm ties source, target and output embeddings: add --share-all-embeddings "
                          "(and binarize with fairseq-preprocess --joined-dictionary)")
+    if args.output_bias and getattr(args, "adaptive_softmax_cutoff", None):
+        raise ValueError("--output-bias adds one bias per type to full-vocabulary logits: it does not combine "
+                         "with --adaptive-softmax-cutoff")
     if args.target_vocab_mask and getattr(args, "criterion", None) == "label_smoothed_cross_entropy":
         raise ValueError("--target-vocab-mask puts -inf logits into fairseq's label smoothing, which then "
                          "sums them: use --criterion masked_label_smoothed_cross_entropy")
@@ -152,6 +159,22 @@ def _swap_norms(module, names, cfg, learnable=True):
             setattr(module, name, build_norm(cfg.norm_type, dim, learnable_scale=learnable))
 
 
+# TwT Sec. 3.1: std of the attention projections is sqrt(2 / (DENOM * d)); SmallInit uses
+# d + 4d (the FFN's scale), Xavier normal d + d. The FFN is N(0, sqrt(2/(d+d_ff))) in both.
+INIT_SCHEMES = ("fairseq", "smallinit", "xavier_normal")
+_ATTN_INIT_DENOM = {"smallinit": 5, "xavier_normal": 2}
+
+
+def _init_layer(layer, attns, cfg):
+    denom = _ATTN_INIT_DENOM.get(cfg.init_scheme)
+    if denom is None:
+        return
+    for attn in attns:
+        if attn is not None:
+            init_normal(attn, math.sqrt(2.0 / (denom * layer.embed_dim)))
+    _small_init_ffn(layer)
+
+
 def _small_init_ffn(layer):
     d, d_ff = layer.fc1.in_features, layer.fc1.out_features
     std = math.sqrt(2.0 / (d + d_ff))
@@ -176,9 +199,7 @@ class QKEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc)
         _swap_norms(self, ("self_attn_layer_norm", "final_layer_norm"), cfg, not cfg.scalenorm_fixed_g)
-        if cfg.init_scheme == "smallinit":
-            init_small(self.self_attn, self.embed_dim)
-            _small_init_ffn(self)
+        _init_layer(self, (self.self_attn,), cfg)
 
     def build_self_attention(self, embed_dim, cfg):
         return _attention(cfg, embed_dim, cfg.encoder.attention_heads, cfg.encoder_attention, self_attention=True)
@@ -189,11 +210,7 @@ class QKDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
         _swap_norms(self, ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"), cfg,
                     not cfg.scalenorm_fixed_g)
-        if cfg.init_scheme == "smallinit":
-            init_small(self.self_attn, self.embed_dim)
-            if self.encoder_attn is not None:
-                init_small(self.encoder_attn, self.embed_dim)
-            _small_init_ffn(self)
+        _init_layer(self, (self.self_attn, self.encoder_attn), cfg)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
@@ -222,9 +239,13 @@ class QKDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         _swap_norms(self, ("layer_norm",), cfg, learnable=True)  # the final norm's g always learns
-        # (V,) True where the type may be generated; persistent, so decoding needs no train data
-        self.register_buffer("allowed_types", torch.ones(len(dictionary), dtype=torch.bool))
         self.mask_output = bool(cfg.target_vocab_mask)
+        if self.mask_output:
+            # (V,) True where the type may be generated; persistent, so decoding needs no train data.
+            # Registered only with the mask, so that stock fairseq state dicts load unchanged.
+            self.register_buffer("allowed_types", torch.ones(len(dictionary), dtype=torch.bool))
+        # both original code bases: logits = h . W^T + b, b learned and zero-initialised
+        self.output_bias = nn.Parameter(torch.zeros(len(dictionary))) if cfg.output_bias else None
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap(QKDecoderLayer(cfg, no_encoder_attn), cfg)
@@ -237,9 +258,22 @@ class QKDecoder(TransformerDecoderBase):
 
     def output_layer(self, features):
         logits = super().output_layer(features)
+        if self.output_bias is not None:
+            logits = logits + self.output_bias
         if self.mask_output:
             logits = logits.masked_fill(~self.allowed_types, float("-inf"))
         return logits
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        state_dict = super().upgrade_state_dict_named(state_dict, name)
+        prefix = f"{name}." if name else ""
+        if self.output_bias is not None and prefix + "output_bias" not in state_dict:
+            # a checkpoint from before --output-bias: a zero bias gives the same logits
+            state_dict[prefix + "output_bias"] = torch.zeros_like(self.output_bias)
+        if not self.mask_output:
+            # checkpoints from before the buffer was conditional carry an all-True mask
+            state_dict.pop(prefix + "allowed_types", None)
+        return state_dict
 
 
 # --- model --------------------------------------------------------------------------------------

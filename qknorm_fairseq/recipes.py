@@ -2,8 +2,8 @@
 
 Command line (used by the bash pipelines):
     python -m qknorm_fairseq.recipes get PAIR KEY      # KEY is dotted, e.g. data.bpe_merges
-    python -m qknorm_fairseq.recipes train-args PAIR SYSTEM [--schedule S] [--paper-qknorm-length]
-        [--data-bin DIR] [--save-dir DIR]              # fairseq-train arguments, one shell-quoted line
+    python -m qknorm_fairseq.recipes train-args PAIR SYSTEM [--schedule S] [--stopping F]
+        [--paper-qknorm-length] [--data-bin DIR] [--save-dir DIR]              # fairseq-train arguments, one shell-quoted line
     python -m qknorm_fairseq.recipes generate-args PAIR  # fairseq-generate decoding arguments
     python -m qknorm_fairseq.recipes systems PAIR        # the systems a config defines
     python -m qknorm_fairseq.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)
@@ -63,7 +63,16 @@ def peak_lr(scale, dim, warmup):
     return scale * dim**-0.5 * warmup**-0.5
 
 
-def schedule_args(cfg, name):
+def stopping(cfg, name):
+    """(stop LR, patience) of one entry of the config's stopping: section (a system family)."""
+    rules = _section(cfg, "stopping")
+    if name not in rules:
+        raise SystemExit(f"config {cfg['pair']!r} has no stopping rule {name!r}; known: {', '.join(rules)}")
+    where = f"stopping.{name} of {cfg['pair']}"
+    return float(_need(rules[name], "stop_lr", where)), int(_need(rules[name], "patience", where))
+
+
+def schedule_args(cfg, name, stop_lr):
     """fairseq-train flags of one learning-rate schedule of the config's schedules: section."""
     scheds = _section(cfg, "schedules")
     name = name or _need(scheds, "default", "schedules:")
@@ -83,7 +92,7 @@ def schedule_args(cfg, name):
     if kind == "val_decay":
         args += ["--decay-factor", str(_need(s, "decay_factor", where)),
                  "--decay-patience", str(_need(s, "decay_patience", where)),
-                 "--decay-stop-lr", str(_need(s, "stop_lr", where))]
+                 "--decay-stop-lr", f"{stop_lr:g}"]
     else:
         args += ["--warmup-init-lr", "0"]
     return args
@@ -102,7 +111,8 @@ def _flag(key, value):
     return [flag, str(value)]
 
 
-def train_args(cfg, system, schedule=None, paper_qknorm_length=False, data_bin=None, save_dir=None):
+def train_args(cfg, system, schedule=None, paper_qknorm_length=False, data_bin=None, save_dir=None,
+               stopping_rule=None):
     """The fairseq-train argument list for PAIR and SYSTEM (everything but extra user flags)."""
     model, train, decode = _section(cfg, "model"), _section(cfg, "train"), _section(cfg, "decode")
     syst = _section(cfg, "systems")
@@ -134,19 +144,26 @@ def train_args(cfg, system, schedule=None, paper_qknorm_length=False, data_bin=N
              "--optimizer", "adam", "--adam-betas", str(train["adam_betas"]), "--adam-eps", str(train["adam_eps"]),
              "--weight-decay", str(train["weight_decay"]), "--clip-norm", str(train["clip_norm"]),
              "--max-tokens", str(train["max_tokens"]), "--seed", str(train.get("seed", 1))]
-    args += schedule_args(cfg, schedule)
+    stop_lr, patience = stopping(cfg, stopping_rule or _need(s, "stopping", f"systems.{system}"))
+    args += schedule_args(cfg, schedule, stop_lr)
     # the original code's "epoch": validate, decay and save every `epoch` updates (task.py)
     args += ["--validate-interval-updates", str(epoch), "--save-interval-updates", str(epoch),
              "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
-             "--max-update", str(epoch * int(train["max_epochs"])), "--patience", str(train["early_stop_patience"])]
+             "--max-update", str(epoch * int(train["max_epochs"])), "--patience", str(patience)]
     gen = {"beam": decode["beam"], "max_len_a": decode["max_len_a"], "max_len_b": decode["max_len_b"]}
     args += ["--eval-bleu", "--eval-bleu-args", json.dumps(gen), "--eval-bleu-remove-bpe", "@@ ",
              "--eval-tokenized-bleu", "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-             "--length-norm", decode["length_norm"], "--gnmt-alpha", str(decode["gnmt_alpha"])]
+             *decode_args(decode)]
     args += ["--log-format", "json", "--log-interval", str(train.get("log_interval", 100))]
     if save_dir:
         args += ["--save-dir", save_dir]
     return args
+
+
+def decode_args(dec):
+    """The translation_qk task's decoding flags, for test decoding and dev BLEU alike."""
+    return ["--length-norm", dec["length_norm"], "--gnmt-alpha", str(dec["gnmt_alpha"]),
+            "--beam-search", dec.get("beam_search", "fairseq")]
 
 
 def generate_args(cfg):
@@ -154,8 +171,7 @@ def generate_args(cfg):
     dec = _section(cfg, "decode")
     return ["--user-dir", USER_DIR, "--task", "translation_qk", "--source-lang", cfg["src"],
             "--target-lang", cfg["tgt"], "--beam", str(dec["beam"]), "--max-len-a", str(dec["max_len_a"]),
-            "--max-len-b", str(dec["max_len_b"]), "--length-norm", dec["length_norm"],
-            "--gnmt-alpha", str(dec["gnmt_alpha"]), "--remove-bpe", "@@ "]
+            "--max-len-b", str(dec["max_len_b"]), *decode_args(dec), "--remove-bpe", "@@ "]
 
 
 def main(argv=None):
@@ -169,6 +185,7 @@ def main(argv=None):
     p_train.add_argument("pair")
     p_train.add_argument("system")
     p_train.add_argument("--schedule", help="an entry of the config's schedules: (default: its default)")
+    p_train.add_argument("--stopping", help="an entry of the config's stopping: (default: the system's)")
     p_train.add_argument("--paper-qknorm-length", action="store_true",
                          help="use the paper's L (model.qknorm_length) instead of computing it from the data")
     p_train.add_argument("--data-bin", help="binarized data (default: data-bin/PAIR)")
@@ -182,7 +199,7 @@ def main(argv=None):
         print("" if value is None else str(value).lower() if isinstance(value, bool) else value)
     elif args.cmd == "train-args":
         print(shlex.join(train_args(cfg, args.system, args.schedule, args.paper_qknorm_length,
-                                    args.data_bin, args.save_dir)))
+                                    args.data_bin, args.save_dir, args.stopping)))
     elif args.cmd == "generate-args":
         print(shlex.join(generate_args(cfg)))
     elif args.cmd == "systems":

@@ -13,6 +13,10 @@ finds exactly the hypotheses any length normalisation would; `GNMTSequenceGenera
 re-scores and re-sorts them. Used by `fairseq-generate --task translation_qk` and by
 `--eval-bleu` validation during training.
 
+`--beam-search twt` replaces that search by the original code's own (qknorm_fairseq/twt_search.py):
+the GNMT score ranks the beam at every step and finished hypotheses keep their slots, so its
+output can differ from fairseq's search + re-ranking.
+
 ValDecay on every validation: fairseq calls the LR scheduler's `step(epoch, val)` only at the
 end of a pass over the data. This task's `post_validate` hook (run by fairseq-train after every
 validation, `--validate-interval-updates` ones included) hands the first validation subset's
@@ -28,13 +32,11 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from . import lr_scheduler as val_decay_module
+from .twt_search import TwTSequenceGenerator, gnmt_penalty
+
+BEAM_SEARCHES = ("fairseq", "twt")
 
 LENGTH_NORMS = ("fairseq", "gnmt")
-
-
-def gnmt_penalty(length, alpha):
-    """GNMT's length penalty lp(y) = ((5 + |y|) / 6) ** alpha (Wu et al. 2016)."""
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 def gnmt_rerank(hypos, alpha):
@@ -66,6 +68,12 @@ class TranslationQKConfig(TranslationConfig):
                           "gnmt (score / ((5+|y|)/6)^gnmt_alpha)"},
     )
     gnmt_alpha: float = field(default=0.6, metadata={"help": "alpha of GNMT length normalisation"})
+    beam_search: ChoiceEnum(BEAM_SEARCHES) = field(
+        default="fairseq",
+        metadata={"help": "fairseq: fairseq's search (GNMT re-ranks its finished hypotheses); twt: the original "
+                          "TwT/QKNorm code's search (GNMT score inside the beam, finished hypotheses keep "
+                          "their slot; needs --length-norm gnmt)"},
+    )
     decode_precision: ChoiceEnum(("fp32", "bf16", "fp16")) = field(
         default="fp32",
         metadata={"help": "decode under CUDA autocast in this precision (fairseq-generate has no --bf16; "
@@ -78,6 +86,8 @@ class TranslationQKTask(TranslationTask):
     cfg: TranslationQKConfig
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        if self.cfg.beam_search == "twt" and self.cfg.length_norm != "gnmt":
+            raise ValueError("--beam-search twt ranks the beam by GNMT's normalised score: add --length-norm gnmt")
         if self.cfg.length_norm == "gnmt" and not getattr(args, "score_reference", False):
             bad = [name for name, clash in (
                 ("--lenpen", getattr(args, "lenpen", 1) != 1),
@@ -90,7 +100,7 @@ class TranslationQKTask(TranslationTask):
                                  f"{' and '.join(bad)}, or use --length-norm fairseq")
             if seq_gen_cls is not None:
                 raise ValueError(f"--length-norm gnmt cannot wrap the custom generator {seq_gen_cls.__name__}")
-            seq_gen_cls = GNMTSequenceGenerator
+            seq_gen_cls = TwTSequenceGenerator if self.cfg.beam_search == "twt" else GNMTSequenceGenerator
             extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {}, gnmt_alpha=self.cfg.gnmt_alpha)
         return super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                        extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)

@@ -13,6 +13,8 @@ Options (before PAIR):
   --precision fp32|fp16|bf16   on a GPU (default fp32); a CPU run is always fp32
   --schedule NAME              LR schedule from the config's schedules: (valdecay, nowarmup,
                                invsqrtdecay, valdecay_2xlr, invsqrtdecay_2xlr); default: the config's
+  --stopping NAME              stopping rule from the config's stopping: (twt, twt_paper, qknorm);
+                               default: the system's (the original code's, docs/training.md)
   --paper-qknorm-length        QKNorm's L from the config (the papers' value) instead of the data
   --name NAME                  run name (default SYSTEM, or SYSTEM_SCHEDULE with --schedule)
   --gpus N                     data-parallel training on N GPUs of this machine: N processes
@@ -35,12 +37,13 @@ a run that finished with the same command is skipped.
 EOF
 }
 
-precision=fp32 schedule="" paper_len=() name="" dry=0 gpus="" per_gpu="" nodes=1 node_rank="" master=""
+precision=fp32 schedule="" stop_rule=() paper_len=() name="" dry=0 gpus="" per_gpu="" nodes=1 node_rank="" master=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
     --precision) precision=${2:?--precision needs fp32, fp16 or bf16}; shift 2 ;;
     --schedule) schedule=${2:?--schedule needs a name}; shift 2 ;;
+    --stopping) stop_rule=(--stopping "${2:?--stopping needs a name}"); shift 2 ;;
     --paper-qknorm-length) paper_len=(--paper-qknorm-length); shift ;;
     --name) name=${2:?--name needs a value}; shift 2 ;;
     --dry-run) dry=1; shift ;;
@@ -79,7 +82,7 @@ sched_args=()
 [[ -n $schedule ]] && sched_args=(--schedule "$schedule")
 err=$(mktemp)
 if ! recipe_line=$(python -m qknorm_fairseq.recipes train-args "$pair" "$system" "${sched_args[@]}" \
-    "${paper_len[@]}" --data-bin "$DATA_BIN/$pair" --save-dir "$save_dir" 2>"$err"); then
+    "${stop_rule[@]}" "${paper_len[@]}" --data-bin "$DATA_BIN/$pair" --save-dir "$save_dir" 2>"$err"); then
   grep -v tensorboardX "$err" >&2; rm -f "$err"
   die "no recipe for $pair $system (see the message above)"
 fi

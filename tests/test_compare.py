@@ -52,6 +52,36 @@ def test_compare_table_with_published(tmp_path):
     assert json.load(open(base + ".json"))["pair"] == "en-vi"
 
 
+def test_each_published_number_sits_beside_ours_in_its_metric(tmp_path):
+    ref = tmp_path / "ref.en"
+    ref.write_text("".join(f"it &apos;s talk number {i} , isn &apos;t it ?\n" for i in range(40)))
+    d = tmp_path / "results" / "gl-en" / "scalenorm"
+    d.mkdir(parents=True)
+    (d / "hyp.txt").write_text("".join(f"it &apos;s the talk {i} , isn &apos;t it\n" for i in range(40)))
+    (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu_detok",
+                                               "detok": "moses", "systems": {}}))
+    table = compare.build("gl-en", str(tmp_path / "results"), n_samples=50)
+    row = table["rows"][0]
+    assert row["multi_bleu"] != row["multi_bleu_detok"] != row["sacrebleu_treebank"]
+    header, cells = compare.to_rows(table)
+    for source, metric, published in (("TwT T3", "multi_bleu", 20.91), ("QKNorm T2", "multi_bleu_detok", 22.01),
+                                      ("QKNorm T3", "sacrebleu_treebank", 22.01)):
+        i = header.index(f"{source} published ({metric})")
+        assert header[i + 1] == f"ours ({metric})"
+        assert cells[i] == f"{published:.2f}" and cells[i + 1] == f"{row[metric]:.2f}"
+
+
+def test_published_metrics_are_the_papers():
+    rows = list(csv.DictReader(open(os.path.join(REPO, "results", "published.csv"))))
+    for r in rows:
+        if (r["paper"], r["table"]) == ("TwT", "3"):
+            assert r["metric"] == "multi_bleu"  # tokenized BLEU for every pair, TED included
+        elif (r["paper"], r["table"]) == ("QKNorm", "2"):
+            assert r["metric"] == ("multi_bleu" if r["pair"] == "en-vi" else "multi_bleu_detok")
+        elif (r["paper"], r["table"]) == ("QKNorm", "3"):
+            assert r["metric"] == "sacrebleu_treebank"
+
+
 def test_compare_errors(tmp_path):
     with pytest.raises(compare.ScoringError, match="run scripts/evaluate.sh"):
         compare.build("en-vi", str(tmp_path))

@@ -64,8 +64,9 @@ def test_train_args_parse_with_fairseq_for_every_system_and_schedule(pair):
         assert ns.encoder_layers == cfg["model"]["encoder_layers"] and ns.dropout == cfg["model"]["dropout"]
         assert ns.max_update == cfg["train"]["epoch_updates"] * cfg["train"]["max_epochs"]
         assert ns.validate_interval_updates == ns.save_interval_updates == cfg["train"]["epoch_updates"]
-        assert ns.patience == cfg["train"]["early_stop_patience"]
+        assert ns.patience == -1  # the original code has no dev-BLEU early stopping
         assert ns.length_norm == "gnmt" and ns.gnmt_alpha == 0.6 and ns.maximize_best_checkpoint_metric
+        assert ns.beam_search == "twt"
         assert ns.best_checkpoint_metric == "bleu" and ns.eval_bleu
 
 
@@ -74,10 +75,10 @@ def test_twt_values_reach_the_command_line():
     args = recipes.train_args(gl, "scalenorm")
     ns = _parse(args)
     assert (ns.encoder_layers, ns.encoder_attention_heads, ns.dropout) == (4, 4, 0.4)  # TwT Table 1
-    assert ns.max_update == 100 * 1000 and ns.patience == 50
+    assert ns.max_update == 100 * 1000 and ns.patience == -1
     assert ns.lr_scheduler == "val_decay" and ns.warmup_updates == 8000
     assert ns.lr[0] == pytest.approx(1 / math.sqrt(512 * 8000), rel=1e-5)  # ~4.94e-4
-    assert (ns.decay_factor, ns.decay_patience, ns.decay_stop_lr) == (0.8, 3, 1e-5)
+    assert (ns.decay_factor, ns.decay_patience, ns.decay_stop_lr) == (0.8, 3, 5e-5)  # TwT code base()
     assert ns.stop_min_lr < 0  # fairseq's own check would stop a warmup from 0 at once
     assert (ns.clip_norm, ns.max_tokens, ns.weight_decay, ns.label_smoothing) == (1.0, 4096, 0.0, 0.1)
 
@@ -88,6 +89,25 @@ def test_twt_values_reach_the_command_line():
 
     en_vi = _parse(recipes.train_args(recipes.load("en-vi"), "qknorm", paper_qknorm_length=True))
     assert en_vi.qknorm_length == 72 and en_vi.encoder_layers == 6 and en_vi.validate_interval_updates == 1500
+
+
+@pytest.mark.parametrize("pair, qknorm_stop", [("gl-en", 5e-5), ("sk-en", 1e-5), ("en-vi", 1e-5), ("en-he", 1e-5),
+                                               ("ar-en", 1e-5)])
+def test_stopping_rules_follow_each_papers_code(pair, qknorm_stop):
+    cfg = recipes.load(pair)
+    qk = _parse(recipes.train_args(cfg, "qknorm"))
+    assert (qk.decay_stop_lr, qk.patience) == (qknorm_stop, -1)
+    twt = _parse(recipes.train_args(cfg, "postnorm"))
+    assert (twt.decay_stop_lr, twt.patience) == (5e-5, -1)
+    text = _parse(recipes.train_args(cfg, "postnorm", stopping_rule="twt_paper"))
+    assert (text.decay_stop_lr, text.patience) == (1e-6, 50 if pair == "gl-en" else 20)
+
+
+def test_decoding_uses_twt_search_for_test_and_dev():
+    cfg = recipes.load("en-vi")
+    gen = recipes.generate_args(cfg)
+    assert gen[gen.index("--beam-search") + 1] == "twt" and gen[gen.index("--length-norm") + 1] == "gnmt"
+    assert _parse(recipes.train_args(cfg, "qknorm")).beam_search == "twt"  # --eval-bleu's generator
 
 
 def test_errors_name_the_problem():
@@ -136,14 +156,16 @@ def test_train_sh_dry_run_passes_extra_flags_and_picks_the_device(tmp_path):
     p = _train_sh("--dry-run", "gl-en", "qknorm", "--max-update", "7", CKPT_DIR=str(tmp_path / "ck"))
     assert p.returncode == 0, p.stderr
     args = shlex.split(p.stdout)
-    assert args[0] == "fairseq-train" and args[-2:] == ["--max-update", "7"]  # extra flags last: they win
+    assert args[:3] == ["python", "-m", "qknorm_fairseq.train"] and args[-2:] == ["--max-update", "7"]  # extra last: they win
     assert flag(args, "--save-dir") == str(tmp_path / "ck" / "gl-en" / "qknorm")
     import torch
 
     assert ("--cpu" in args) != torch.cuda.is_available()
     # the printed command is what fairseq parses
-    ns = _parse(args[1:])
+    ns = _parse(args[3:])
     assert ns.max_update == 7 and ns.arch == "transformer_qknorm"
+    # the recipe of the issue: the QKNorm code's stopping and the original beam search
+    assert (ns.decay_stop_lr, ns.patience, ns.beam_search) == (5e-5, -1, "twt")
 
 
 def test_train_sh_refuses_bad_input():

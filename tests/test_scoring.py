@@ -111,10 +111,25 @@ def test_detok_matches_sacrebleu_13a():
 def test_detokenizers_unescape():
     line = "it &apos;s a &quot; test &quot; ."
     assert bleu.detokenize([line], "moses")[0] == 'it\'s a "test".'
-    assert "&apos;" not in bleu.detokenize([line], "treebank")[0]
+    assert "&apos;" not in bleu.detokenize([line], "treebank_unescape")[0]
+    # QKNorm Table 3 (the authors' outputs): Treebank detokenization of the escaped text as it is
+    assert bleu.detokenize([line], "treebank")[0] == "it &apos;s a &quot; test &quot;."
     assert bleu.detokenize([line], "none")[0] == line
     with pytest.raises(bleu.ScoringError, match="unknown detokenizer"):
         bleu.detokenize([line], "spacy")
+
+
+def test_sacrebleu_treebank_keeps_escapes_as_the_authors_did():
+    hyp = ["it &apos;s a &quot; good &quot; idea ."]
+    ref = ["it &apos;s a good idea &quot; ."]
+    kept = (["it &apos;s a &quot; good &quot; idea."], ["it &apos;s a good idea &quot;."])
+    unescaped = (["it's a \" good \" idea."], ["it's a good idea \"."])
+    for method, (h, r) in (("treebank", kept), ("treebank_unescape", unescaped)):
+        assert (bleu.detokenize(hyp, method), bleu.detokenize(ref, method)) == (h, r)
+        ours = bleu.sacrebleu_score(bleu.detokenize(hyp, method), [bleu.detokenize(ref, method)])[0].score
+        assert ours == pytest.approx(sacrebleu.corpus_bleu(h, [r]).score)
+    assert sacrebleu.corpus_bleu(*kept[:1], [kept[1]]).score != sacrebleu.corpus_bleu(unescaped[0],
+                                                                                       [unescaped[1]]).score
 
 
 def _write(tmp_path, name, lines):

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from .bleu import ScoringError
+from .bleu import DETOKENIZERS, ScoringError
 from .evaluate import METRICS, score_systems, write_atomic
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
@@ -51,7 +51,7 @@ def find_systems(pair_dir):
 
 
 def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, metric=None, detok=None,
-          lang="en", n_samples=1000, seed=12345):
+          lang="en", n_samples=1000, seed=12345, treebank_detok="treebank"):
     pair_dir = os.path.join(results_dir, pair)
     systems = find_systems(pair_dir)
     metas = {s: json.load(open(os.path.join(pair_dir, s, "scores.json"))) for s in systems}
@@ -69,7 +69,7 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
     hyps = [(s, os.path.join(pair_dir, s, "hyp.txt")) for s in systems]
     main = score_systems(ref, hyps, baseline=baseline, detok=detok, lang=lang, metric=metric,
                          n_samples=n_samples, seed=seed)
-    tb = score_systems(ref, hyps, detok="treebank", lang=lang)
+    tb = score_systems(ref, hyps, detok=treebank_detok, lang=lang)
     published = load_published(published_path, pair)
     rows = []
     for s in systems:
@@ -86,6 +86,7 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
                                          "diff": round(row[p["metric"]] - p["bleu"], 2)})
         rows.append(row)
     return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok, "reference": ref,
+            "treebank_detok": treebank_detok,
             "n_samples": n_samples, "seed": seed,
             "sacrebleu_signature": main["systems"][baseline]["sacrebleu_signature"], "rows": rows}
 
@@ -104,7 +105,8 @@ def to_rows(table):
     """Flat rows (header first) shared by the CSV and Markdown outputs."""
     sources = _sources(table)
     header = ["system", *ALL_METRICS, f"delta {table['metric']}", "p"]
-    header += [f"{src} ({m})" for src, m in sources]
+    for src, m in sources:  # each published number beside ours in its own metric
+        header += [f"{src} published ({m})", f"ours ({m})"]
     out = [header]
     for r in table["rows"]:
         cells = [r["system"]] + [f"{r[m]:.2f}" for m in ALL_METRICS]
@@ -112,7 +114,7 @@ def to_rows(table):
         cells.append("" if r["p_value"] is None else f"{r['p_value']:.3f}" + (" *" if r["significant"] else ""))
         pub = {(p["source"], p["metric"]): p for p in r["published"]}
         for key in sources:
-            cells.append(f"{pub[key]['bleu']:.2f}" if key in pub else "")
+            cells += [f"{pub[key]['bleu']:.2f}", f"{pub[key]['ours']:.2f}"] if key in pub else ["", ""]
         out.append(cells)
     return out
 
@@ -125,9 +127,11 @@ def to_markdown(table):
     lines += ["", f"Baseline: {table['baseline']}. Delta and p on {table['metric']} (paired bootstrap, "
               f"{table['n_samples']} samples, seed {table['seed']}; one-sided, * = p < 0.01). "
               f"Detokenizer for multi_bleu_detok/sacrebleu: {table['detok']}; sacrebleu_treebank = "
-              f"SacreBLEU after NLTK Treebank detokenization (QKNorm Table 3). "
+              f"SacreBLEU after NLTK Treebank detokenization ({table.get('treebank_detok', 'treebank')}; "
+              "QKNorm Table 3: escapes kept). "
               f"SacreBLEU: {table['sacrebleu_signature']}. Published columns: results/published.csv, "
-              "each in the metric named in its header."]
+              "each beside our score in the metric named in its header (TwT Table 3: multi_bleu for every pair; "
+              "QKNorm Table 2: multi_bleu_detok on TED, multi_bleu on en-vi; QKNorm Table 3: sacrebleu_treebank)."]
     return "\n".join(lines) + "\n"
 
 
@@ -153,14 +157,17 @@ def main(argv=None):
     ap.add_argument("--published", default=DEFAULT_PUBLISHED)
     ap.add_argument("--baseline", help="default: postnorm, else scalenorm, else prenorm, else the first")
     ap.add_argument("--metric", choices=METRICS, help="default: the one evaluate.sh used")
-    ap.add_argument("--detok", choices=["none", "moses", "treebank"], help="default: the one evaluate.sh used")
+    ap.add_argument("--detok", choices=bleu.DETOKENIZERS, help="default: the one evaluate.sh used")
+    ap.add_argument("--treebank-detok", choices=("treebank", "treebank_unescape"), default="treebank",
+                    help="sacrebleu_treebank: Treebank on the escaped text as the authors did (default), or "
+                         "after undoing the Moses escapes")
     ap.add_argument("--lang", default="en")
     ap.add_argument("--n-samples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=12345)
     args = ap.parse_args(argv)
     try:
         table = build(args.pair, args.results_dir, args.published, args.baseline, args.metric, args.detok,
-                      args.lang, args.n_samples, args.seed)
+                      args.lang, args.n_samples, args.seed, args.treebank_detok)
     except ScoringError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -117,7 +117,7 @@ def main(argv=None):
     ap.add_argument("--sys", action="append", required=True, metavar="NAME=HYP",
                     help="a system's hypothesis file, line-parallel to the reference (repeatable)")
     ap.add_argument("--baseline", help="system the others are tested against")
-    ap.add_argument("--detok", default="none", choices=["none", "moses", "treebank"],
+    ap.add_argument("--detok", default="none", choices=bleu.DETOKENIZERS,
                     help="detokenizer for multi_bleu_detok and sacrebleu (default: none)")
     ap.add_argument("--lang", default="en", help="target language for --detok moses (default: en)")
     ap.add_argument("--metric", default="multi_bleu", choices=METRICS,

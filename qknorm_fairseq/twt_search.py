@@ -1,0 +1,104 @@
+"""TwT's beam search (`--beam-search twt`): the procedure of the original code's `beam_decode`.
+
+It differs from fairseq's search (sequence_generator.py) in what the beam holds:
+- every live extension at step t is ranked by its GNMT-normalised score
+  cum_logprob / ((5 + t) / 6) ** alpha, t counting the tokens so far (EOS included), inside the
+  beam at every step, not only when sorting finished hypotheses;
+- a hypothesis that emits EOS keeps its frozen score and its beam slot (it can only "extend" by
+  EOS at no cost), so the top `beam` at each step are chosen among live extensions and finished
+  hypotheses together; fairseq moves finished ones out and keeps `beam` live ones;
+- EOS is forbidden at the first step;
+- a sentence ends when every slot has ended with EOS, or when its hypotheses reach its own
+  maximum length, max_len_a * source length + max_len_b tokens before EOS (the original:
+  source length + 50); the best slot is the output (all slots are returned, best first).
+"""
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+
+def gnmt_penalty(length, alpha):
+    """GNMT's length penalty lp(y) = ((5 + |y|) / 6) ** alpha (Wu et al. 2016)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+class TwTSequenceGenerator(SequenceGenerator):
+    def __init__(self, *args, gnmt_alpha=0.6, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gnmt_alpha = gnmt_alpha
+
+    @torch.no_grad()
+    def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
+        if prefix_tokens is not None or constraints is not None:
+            raise NotImplementedError("--beam-search twt supports neither --prefix-size nor constraints")
+        src = sample["net_input"]["src_tokens"]
+        bsz, k, device = src.size(0), self.beam_size, src.device
+        src_lengths = (src.ne(self.eos) & src.ne(self.pad)).long().sum(1)
+        limit = (self.max_len_a * src_lengths + self.max_len_b).long().clamp(max=self.max_len - 1) + 1
+
+        incremental_states = [{} for _ in range(self.model.models_size)]
+        rows = torch.arange(bsz, device=device).repeat_interleave(k)
+        encoder_outs = self.model.reorder_encoder_out(self.model.forward_encoder(sample["net_input"]), rows)
+        tokens = torch.full((bsz * k, 1), self.eos if bos_token is None else bos_token, dtype=torch.long,
+                            device=device)
+        cum = torch.zeros(bsz, k, device=device)             # cumulative log-probabilities
+        score = torch.zeros(bsz, k, device=device)           # their normalised scores
+        pos_scores = torch.zeros(bsz * k, 0, device=device)  # per-token log-probabilities
+        ended = torch.zeros(bsz, k, dtype=torch.bool, device=device)
+        sent = torch.arange(bsz, device=device)              # original index of each active sentence
+        finalized = [None] * bsz
+
+        for t in range(int(limit.max())):
+            n = sent.numel()
+            lprobs, _ = self.model.forward_decoder(tokens, encoder_outs, incremental_states, self.temperature)
+            lprobs[:, self.pad] = float("-inf")
+            lprobs = lprobs.view(n, k, -1)
+            if t == 0:
+                lprobs[:, :, self.eos] = float("-inf")
+                lprobs[:, 1:] = float("-inf")  # all slots hold the same prefix: expand the first only
+            vocab = lprobs.size(-1)
+            cand_cum = cum.unsqueeze(-1) + lprobs
+            cand_score = cand_cum / gnmt_penalty(t + 1, self.gnmt_alpha)
+            # an ended slot offers one candidate: EOS again, at its frozen score and no cost
+            eos_only = torch.full((vocab,), float("-inf"), device=device)
+            eos_only[self.eos] = 0
+            keep = ended.unsqueeze(-1)
+            cand_cum = torch.where(keep, cum.unsqueeze(-1) + eos_only, cand_cum)
+            cand_score = torch.where(keep, score.unsqueeze(-1) + eos_only, cand_score)
+            cand_tok = lprobs.masked_fill(keep, 0.0)
+
+            score, idx = cand_score.view(n, -1).topk(k, dim=1)
+            cum = cand_cum.view(n, -1).gather(1, idx)
+            tok_lprob = cand_tok.view(n, -1).gather(1, idx)
+            parent = idx // vocab + torch.arange(n, device=device).unsqueeze(1) * k
+            symbol = idx % vocab
+            ended = symbol.eq(self.eos)
+            parent = parent.view(-1)
+            tokens = torch.cat([tokens[parent], symbol.view(-1, 1)], 1)
+            pos_scores = torch.cat([pos_scores[parent], tok_lprob.view(-1, 1)], 1)
+
+            done = ended.all(1) | (t + 1 >= limit[sent])
+            for i in done.nonzero().view(-1).tolist():
+                finalized[sent[i]] = self._hypotheses(tokens.view(n, k, -1)[i], pos_scores.view(n, k, -1)[i],
+                                                      score[i])
+            if done.all():
+                break
+            if done.any():
+                alive = (~done).nonzero().view(-1)
+                alive_rows = (alive.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
+                encoder_outs = self.model.reorder_encoder_out(encoder_outs, alive_rows)
+                parent = parent.view(n, k)[alive].view(-1)
+                tokens, pos_scores = tokens[alive_rows], pos_scores[alive_rows]
+                cum, score, ended, sent = cum[alive], score[alive], ended[alive], sent[alive]
+            self.model.reorder_incremental_state(incremental_states, parent)
+        return finalized
+
+    def _hypotheses(self, slots, pos_scores, scores):
+        """One sentence's slots as fairseq hypotheses (tokens end at the first EOS), best first."""
+        hypos = []
+        for toks, pos, s in zip(slots, pos_scores, scores):
+            toks = toks[1:]  # without BOS
+            eos = toks.eq(self.eos).nonzero()
+            end = int(eos[0]) + 1 if len(eos) else len(toks)
+            hypos.append({"tokens": toks[:end], "score": s, "attention": None, "alignment": torch.empty(0),
+                          "positional_scores": pos[:end]})
+        return sorted(hypos, key=lambda h: float(h["score"]), reverse=True)
