@@ -2,7 +2,9 @@
 # One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> compare -> plots.
 #   bash scripts/reproduce.sh                     the offline demo: a generated synthetic task,
 #                                                 systems postnorm and qknorm (minutes on a CPU)
-#   bash scripts/reproduce.sh PAIR [--systems "S1 S2 ..."] [-- extra fairseq-train flags]
+#   bash scripts/reproduce.sh PAIR [--systems "S1 S2 ..."] [--gpus N] [--precision bf16]
+#                             [-- extra fairseq-train flags]
+# --gpus N and --precision go to scripts/train.sh (N GPU processes, the papers' update size kept).
 # PAIR: gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet) or demo.
 # Default systems for the real pairs: postnorm prenorm fixnorm scalenorm qknorm (TwT Table 3
 # and QKNorm Table 2); SYSTEMS="..." in the environment works too.
@@ -10,11 +12,12 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
-pair="" systems=${SYSTEMS:-} train_extra=()
+pair="" systems=${SYSTEMS:-} train_extra=() train_opts=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
     --systems) systems=${2:?--systems needs a value}; shift 2 ;;
+    --gpus|--precision) train_opts+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
     --) shift; train_extra=("$@"); break ;;
     -*) usage >&2; die "unknown option: $1" ;;
     *) [[ -z $pair ]] || die "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
@@ -37,7 +40,7 @@ bash scripts/download.sh --pair "$pair"
 bash scripts/prepare.sh --pair "$pair"
 for s in $systems; do
   log "== $pair: training $s ($(( SECONDS - t0 )) s so far)"
-  bash scripts/train.sh "$pair" "$s" "${train_extra[@]}"
+  bash scripts/train.sh "${train_opts[@]}" "$pair" "$s" "${train_extra[@]}"
   log "== $pair: evaluating $s"
   bash scripts/evaluate.sh "$pair" "$s"
 done
