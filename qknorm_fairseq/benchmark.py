@@ -31,6 +31,8 @@ from datetime import datetime
 
 import torch
 
+from .paths import shareable
+
 STOCK = "transformer"
 PRESETS = ["qknorm_transformer", "transformer_postnorm", "transformer_prenorm", "transformer_fixnorm",
            "transformer_scalenorm", "transformer_scalenorm_fixed_g", "transformer_rmsnorm", "transformer_qknorm",
@@ -260,7 +262,7 @@ def machine_info(opts):
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    info = {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+    info = {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
             "torch": torch.__version__, "fairseq": fairseq.__version__, "device": opts.device, "dtype": opts.dtype,
             "load_average_start": list(os.getloadavg())}
@@ -383,7 +385,7 @@ def cmd_speed(opts):
     settings = {k: getattr(opts, k) for k in ("dim", "layers", "heads", "dropout", "batch", "src_len", "tgt_len",
                                               "warmup_steps", "train_steps", "decode_batches", "beam", "reps")}
     settings.update(ffn=opts.ffn or 4 * opts.dim, vocab=vocab)
-    res = {"command": "python -m qknorm_fairseq.benchmark " + " ".join(sys.argv[1:]),
+    res = {"command": "python -m qknorm_fairseq.benchmark " + " ".join(shareable(a) for a in sys.argv[1:]),
            "date": datetime.now().astimezone().isoformat(timespec="seconds"), "machine": info, "settings": settings,
            "memory_method": ("torch.cuda.max_memory_allocated over the timed training steps"
                              if opts.device.startswith("cuda") else

@@ -16,6 +16,7 @@ import os
 import sys
 
 from .plots import PlotError, parse_log
+from .scoring.evaluate import write_atomic
 
 
 def curve(path):
@@ -63,14 +64,9 @@ def main(argv=None):
                          f"{r['max_rel_diff']:.4f} | {r['mean_rel_diff']:.4f} | {'yes' if r['finite'] else 'NO'} | "
                          f"{'yes' if r['passed'] else 'NO'} |")
     lines += [f"- missing: {e}" for e in errors]
-    os.makedirs(os.path.dirname(os.path.abspath(opts.out)) or ".", exist_ok=True)
-    for suffix, text in ((".json", json.dumps({"settings": opts.settings, "tolerance": opts.tolerance,
-                                                "results": rows, "errors": errors}, indent=1) + "\n"),
-                         (".md", "\n".join(lines) + "\n")):
-        tmp = f"{opts.out}{suffix}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, opts.out + suffix)
+    write_atomic(opts.out + ".json", json.dumps({"settings": opts.settings, "tolerance": opts.tolerance,
+                                                 "results": rows, "errors": errors}, indent=1) + "\n")
+    write_atomic(opts.out + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if errors or not all(r["passed"] for by in rows.values() for r in by.values()) else 0
 

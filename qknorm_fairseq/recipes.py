@@ -3,7 +3,7 @@
 Command line (used by the bash pipelines):
     python -m qknorm_fairseq.recipes get PAIR KEY      # KEY is dotted, e.g. data.bpe_merges
     python -m qknorm_fairseq.recipes train-args PAIR SYSTEM [--schedule S] [--stopping F]
-        [--paper-qknorm-length] [--data-bin DIR] [--save-dir DIR]              # fairseq-train arguments, one shell-quoted line
+        [--paper-qknorm-length] [--data-bin DIR] [--save-dir DIR]  # fairseq-train arguments, one quoted line
     python -m qknorm_fairseq.recipes generate-args PAIR  # fairseq-generate decoding arguments
     python -m qknorm_fairseq.recipes systems PAIR        # the systems a config defines
     python -m qknorm_fairseq.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)

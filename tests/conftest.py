@@ -1,3 +1,4 @@
+import math
 import os
 import random
 import subprocess
@@ -95,3 +96,42 @@ def fairseq_inprocess(tool, *args):
         root.removeHandler(handler)
         root.setLevel(level)
     return buffer.getvalue()
+
+
+def sentence_stats(hyp, ref):
+    """Textbook BLEU statistics of one sentence: matches and totals for n = 1..4, lengths."""
+    h, r = hyp.split(), ref.split()
+    stats = []
+    for n in range(1, 5):
+        hg = [tuple(h[i:i + n]) for i in range(len(h) - n + 1)]
+        rg = [tuple(r[i:i + n]) for i in range(len(r) - n + 1)]
+        stats += [sum(min(hg.count(g), rg.count(g)) for g in set(hg)), len(hg)]
+    return stats + [len(h), len(r)]
+
+
+def bleu_from_stats(stats):
+    """Corpus BLEU-4 from summed sentence_stats (single reference, no smoothing)."""
+    c, t, hl, rl = stats[0:8:2], stats[1:8:2], stats[8], stats[9]
+    if 0 in c:
+        return 0.0
+    bp = 1.0 if hl >= rl else math.exp(1 - rl / hl)
+    return 100 * bp * math.exp(sum(math.log(a / b) for a, b in zip(c, t)) / 4)
+
+
+def naive_bleu(hyps, refs):
+    """Independent textbook corpus BLEU-4 (single reference, no smoothing)."""
+    return bleu_from_stats([sum(col) for col in zip(*(sentence_stats(h, r) for h, r in zip(hyps, refs)))])
+
+
+def brute_force_bootstrap_p(refs, base, system, n_samples=300, seed=7):
+    """Koehn's one-sided paired bootstrap computed the slow way: resample sentences, score both
+    systems with naive BLEU, count the resamples where `system` does not beat `base`."""
+    sb = [sentence_stats(h, r) for h, r in zip(base, refs)]
+    ss = [sentence_stats(h, r) for h, r in zip(system, refs)]
+    rng = random.Random(seed)
+    not_better = 0
+    for _ in range(n_samples):
+        idx = [rng.randrange(len(refs)) for _ in refs]
+        score = [bleu_from_stats([sum(col) for col in zip(*(st[i] for i in idx))]) for st in (ss, sb)]
+        not_better += score[0] <= score[1]
+    return (not_better + 1) / (n_samples + 1)

@@ -1,6 +1,9 @@
 """Smoke runs of qknorm_fairseq.benchmark: structure of the outputs, never timings."""
 import json
+import os
+import re
 import statistics
+import subprocess
 from datetime import datetime
 
 import pytest
@@ -106,3 +109,26 @@ def test_step_flops_and_mfu(tmp_path):
     assert benchmark.step_flops(entry, sample, opts) >= 6 * linear * 2 * 4  # >= decoder-side products alone
     assert benchmark.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
     assert benchmark.peak_tflops("Some CPU", "fp32") is None
+
+
+def test_results_name_no_machine_paths(tmp_path, monkeypatch):
+    from qknorm_fairseq.paths import ROOT, shareable
+
+    assert shareable(f"{ROOT}/results/x") == "results/x" and shareable("/elsewhere/x") == "/elsewhere/x"
+    out = os.path.join(ROOT, "results", f"bench-test-{os.getpid()}")
+    monkeypatch.setattr("sys.argv", ["benchmark", "speed", "--out", out])
+    try:
+        benchmark.main(["speed", *TINY, "--archs", "transformer_qknorm", "--out", out])
+        res = json.loads(open(out + ".json").read())
+    finally:
+        for suffix in (".json", ".md"):
+            if os.path.exists(out + suffix):
+                os.remove(out + suffix)
+    assert "hostname" not in res["machine"] and ROOT not in res["command"]
+    # and nothing committed under results/ names this machine's folders
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    for f in tracked:
+        if f.endswith((".json", ".md", ".csv")):
+            text = open(os.path.join(ROOT, f), encoding="utf-8").read()
+            assert ROOT not in text and '"hostname"' not in text, f
+            assert not re.search(r"(?<![\w.])/(home|root|work|tmp|Users|mnt|scratch|data)/", text), f

@@ -184,3 +184,24 @@ def test_slurm_script_starts_one_torchrun_per_machine(tmp_path):
                             "--master_addr", "gpu-a", "--master_port", "29500", "-m"]
         assert cmd[cmd.index("--distributed-world-size") + 1] == "8" and cmd[-2:] == ["--max-update", "10"]
     assert out.stderr.count("8 GPU processes x 512 tokens = 4096 tokens per update") == 2
+
+
+@pytest.mark.slow  # ~1 min: four trainings; prints the numbers the README quotes
+@pytest.mark.parametrize("dropout", ["none", "preset"])
+def test_two_ranks_against_one_with_update_freq_2(tiny_data, tmp_path, dropout):
+    flags = ["--max-update", "40", "--decay-stop-lr", "-1", "--disable-validation"]
+    if dropout == "none":
+        flags += ["--dropout", "0", "--attention-dropout", "0", "--word-dropout", "0"]
+    (rc0, two), (rc1, _) = launch(tiny_data / "bin", tmp_path / "two", 2, *flags)
+    (rc, one), = launch(tiny_data / "bin", tmp_path / "one", 1, "--update-freq", "2", *flags)
+    assert rc0 == rc1 == rc == 0, two[-2000:] + one[-2000:]
+
+    def words_per_update(out):
+        return [json.loads(line[line.index("{"):])["wpb"] for line in out.splitlines() if "train_inner" in line]
+
+    assert words_per_update(two) == words_per_update(one)  # the same tokens in every update
+    a, b = losses(two), losses(one)
+    rel = [abs(a[u] - b[u]) / a[u] for u in sorted(a)]
+    print(f"\ndropout {dropout}: {len(rel)} updates, largest relative loss difference {max(rel):.4f}, "
+          f"mean {sum(rel) / len(rel):.4f}, update 1: {a[1]} (2 ranks) vs {b[1]} (1 rank)")
+    assert sorted(a) == sorted(b) == list(range(1, 41)) and max(rel) < 0.1

@@ -10,31 +10,13 @@ import sys
 import pytest
 import sacrebleu
 
+from conftest import brute_force_bootstrap_p, naive_bleu
 from qknorm_fairseq.scoring import bleu
 from qknorm_fairseq.scoring.evaluate import main as cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
 TST2013 = os.path.join(SHARED, "iwslt15-en-vi", "tst2013.vi")
-
-
-def naive_bleu(hyps, refs):
-    """Independent textbook corpus BLEU-4 (single reference, no smoothing)."""
-    c = [0] * 4
-    t = [0] * 4
-    hl = rl = 0
-    for h, r in zip(hyps, refs):
-        h, r = h.split(), r.split()
-        hl, rl = hl + len(h), rl + len(r)
-        for n in range(1, 5):
-            hg = [tuple(h[i:i + n]) for i in range(len(h) - n + 1)]
-            rg = [tuple(r[i:i + n]) for i in range(len(r) - n + 1)]
-            t[n - 1] += len(hg)
-            c[n - 1] += sum(min(hg.count(g), rg.count(g)) for g in set(hg))
-    if 0 in c:
-        return 0.0
-    bp = 1.0 if hl >= rl else math.exp(1 - rl / hl)
-    return 100 * bp * math.exp(sum(math.log(a / b) for a, b in zip(c, t)) / 4)
 
 
 def test_perfect_match():
@@ -149,9 +131,28 @@ def test_cli_json(tmp_path, capsys):
     assert s["base"]["multi_bleu"] == pytest.approx(100.0) and s["base"]["p_value"] is None
     assert s["other"]["multi_bleu"] == pytest.approx(naive_bleu(["a b c d x", "f g h i j"], ["a b c d e", "f g h i j"]),
                                                      abs=1e-3)
-    assert 0 < s["other"]["p_value"] <= 1
+    # one-sided test of "other beats base": every resample either contains the first sentence, where
+    # other is worse, or only the second one, where they tie; a tie is "not better" too, so all 50
+    # resamples count against other: p = (50 + 1) / (50 + 1)
+    assert s["other"]["p_value"] == 1.0
     assert s["other"]["sacrebleu_signature"].startswith("nrefs:1|")
     assert set(s["other"]) >= {"multi_bleu", "multi_bleu_detok", "sacrebleu", "sacrebleu_signature", "p_value"}
+
+
+def test_cli_p_value_matches_a_brute_force_bootstrap(tmp_path, capsys):
+    rng = random.Random(3)
+    words = "the a cat dog sat on mat rug and ran".split()
+    ref = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 12))) for _ in range(60)]
+    # two noisy systems: each word kept with probability 0.66 / 0.7, otherwise replaced
+    noisy = [[" ".join(w if rng.random() < keep else rng.choice(words) for w in r.split()) for r in ref]
+             for keep in (0.66, 0.7)]
+    files = [_write(tmp_path, name, lines) for name, lines in (("ref", ref), ("b", noisy[0]), ("s", noisy[1]))]
+    assert cli(["--ref", files[0], "--sys", f"base={files[1]}", "--sys", f"sys={files[2]}", "--baseline", "base",
+                "--json", "--n-samples", "1000"]) == 0
+    p = json.loads(capsys.readouterr().out)["systems"]["sys"]["p_value"]
+    expected = brute_force_bootstrap_p(ref, noisy[0], noisy[1], n_samples=1000)
+    assert 0.02 < expected < 0.98  # a case where the test is not trivially decided
+    assert abs(p - expected) < 0.05  # different resamples: sampling error only (sd of the difference ~0.02)
 
 
 @pytest.mark.parametrize("case", ["count", "empty", "missing"])

@@ -15,12 +15,12 @@ import json
 import os
 import sys
 
+from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, ScoringError
 from .evaluate import METRICS, score_systems, write_atomic
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
-DEFAULT_PUBLISHED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                 "results", "published.csv")
+DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
 # Baseline preference when none is named: TwT's baseline, then QKNorm's (Nguyen & Salazar).
 BASELINE_ORDER = ("postnorm", "scalenorm", "prenorm")
 
@@ -85,7 +85,8 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
                                          "bleu": p["bleu"], "ours": row[p["metric"]],
                                          "diff": round(row[p["metric"]] - p["bleu"], 2)})
         rows.append(row)
-    return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok, "reference": ref,
+    return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
+            "reference": [shareable(r) for r in ref],
             "treebank_detok": treebank_detok,
             "n_samples": n_samples, "seed": seed,
             "sacrebleu_signature": main["systems"][baseline]["sacrebleu_signature"], "rows": rows}
@@ -157,7 +158,7 @@ def main(argv=None):
     ap.add_argument("--published", default=DEFAULT_PUBLISHED)
     ap.add_argument("--baseline", help="default: postnorm, else scalenorm, else prenorm, else the first")
     ap.add_argument("--metric", choices=METRICS, help="default: the one evaluate.sh used")
-    ap.add_argument("--detok", choices=bleu.DETOKENIZERS, help="default: the one evaluate.sh used")
+    ap.add_argument("--detok", choices=DETOKENIZERS, help="default: the one evaluate.sh used")
     ap.add_argument("--treebank-detok", choices=("treebank", "treebank_unescape"), default="treebank",
                     help="sacrebleu_treebank: Treebank on the escaped text as the authors did (default), or "
                          "after undoing the Moses escapes")
