@@ -10,6 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _normalize(w):
+    # In fp32: F.normalize's eps (1e-12) is 0 in fp16, so the all-zero padding row became 0/0 = NaN
+    # and fp16 training of every FixNorm preset stopped at its first step (seen on an H100).
+    return F.normalize(w.float(), dim=-1).type_as(w)
+
+
 class FixNormEmbedding(nn.Embedding):
     def __init__(self, num_embeddings, embedding_dim, padding_idx):
         super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
@@ -38,15 +44,15 @@ class FixNormEmbedding(nn.Embedding):
         w = self.weight
         if self.training or (w.requires_grad and torch.is_grad_enabled()):
             if not self._sharing:
-                return F.normalize(w, dim=-1)
+                return _normalize(w)
             if self._shared is None:
-                self._shared = F.normalize(w, dim=-1)
+                self._shared = _normalize(w)
             return self._shared
         # Decoding calls this once per step: in evaluation mode without gradients, cache the
         # normalised matrix while the weights have not changed (version counter, see train()).
         key = (w._version, w.data_ptr(), w.dtype, w.device)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, F.normalize(w.detach(), dim=-1))
+            self._cache = (key, _normalize(w.detach()))
         return self._cache[1]
 
     def forward(self, tokens):

@@ -49,10 +49,15 @@ def main(argv=None):
     for system in opts.systems:
         try:
             ref = curve(os.path.join(opts.log_dir, f"{system}_fp32", "train.log"))
-            rows[system] = {p: compare(ref, curve(os.path.join(opts.log_dir, f"{system}_{p}", "train.log")),
-                                       opts.tolerance) for p in opts.precisions}
         except PlotError as e:
-            errors.append(f"{system}: {e}")
+            errors.append(f"{system} fp32: {e}")
+            continue
+        for p in opts.precisions:  # a failed precision does not hide the others
+            try:
+                other = curve(os.path.join(opts.log_dir, f"{system}_{p}", "train.log"))
+                rows.setdefault(system, {})[p] = compare(ref, other, opts.tolerance)
+            except PlotError as e:
+                errors.append(f"{system} {p}: {e}")
     lines = ["# Mixed precision against fp32", "", opts.settings, "",
              f"Training loss at every logged update compared with the fp32 run of the same system and seed; "
              f"pass = every loss finite and the largest relative difference <= {opts.tolerance:g}.", "",

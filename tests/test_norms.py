@@ -1,6 +1,7 @@
 """ScaleNorm, RMSNorm, FixNorm and SmallInit against their definitions."""
 import math
 
+import pytest
 import torch
 
 from qknorm_fairseq.attention import NormAttention, init_small
@@ -108,6 +109,21 @@ def test_fixnorm_embedding():
     keep = torch.arange(500) != 1
     assert torch.allclose(proj(h)[:, keep], cos[:, keep], atol=1e-5)
     assert sum(p.numel() for p in proj.parameters()) == 500 * 64, "tied: no second copy"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fixnorm_embedding_in_half_precision_keeps_padding_zero_and_rows_unit(dtype):
+    # fairseq's --fp16 keeps the weights in half: F.normalize's eps underflowed to 0 there and the
+    # all-zero padding row became 0/0 = NaN, which stopped every FixNorm preset at its first step.
+    torch.manual_seed(0)
+    emb = FixNormEmbedding(50, 16, padding_idx=1)
+    ref = emb(torch.tensor([[0, 1, 7]]))
+    emb = emb.to(dtype)
+    for mode in (True, False):
+        out = emb.train(mode)(torch.tensor([[0, 1, 7]]))
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        assert out[0, 1].abs().sum() == 0
+        assert torch.allclose(out.float(), ref, atol=1e-2)
 
 
 def test_fixnorm_cache_follows_weight_updates():

@@ -39,7 +39,18 @@ def test_precision_report_names_a_missing_run(tmp_path):
     _log(tmp_path / "postnorm_fp32", {10: 8.0})
     assert precision_check.main(["--log-dir", str(tmp_path), "--systems", "postnorm", "--out",
                                  str(tmp_path / "r")]) == 1
-    assert "postnorm: train log" in (tmp_path / "r.md").read_text()
+    assert "postnorm bf16: train log" in (tmp_path / "r.md").read_text()
+
+
+def test_a_failed_precision_does_not_hide_the_other(tmp_path):
+    _log(tmp_path / "qknorm_fp32", {10: 8.0, 20: 6.0})
+    _log(tmp_path / "qknorm_bf16", {10: 8.0, 20: 6.06})
+    (tmp_path / "qknorm_fp16").mkdir()  # the run died before its first logged update
+    assert precision_check.main(["--log-dir", str(tmp_path), "--systems", "qknorm", "--out",
+                                 str(tmp_path / "r")]) == 1
+    report = (tmp_path / "r.md").read_text()
+    assert "| qknorm | bf16 | 2 | 6.060 (6.000) | 0.0100 | 0.0050 | yes | yes |" in report
+    assert "- missing: qknorm fp16: " in report
 
 
 def ns(**kw):
