@@ -2,8 +2,11 @@
 # One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> compare -> plots.
 #   bash scripts/reproduce.sh                     the offline demo: a generated synthetic task,
 #                                                 systems postnorm and qknorm (minutes on a CPU)
-#   bash scripts/reproduce.sh PAIR [--systems "S1 S2 ..."] [--gpus N] [--precision bf16]
+#   bash scripts/reproduce.sh PAIR [--systems "S1 S2 ..."] [--seeds N] [--gpus N] [--precision bf16]
 #                             [-- extra fairseq-train flags]
+# --seeds N trains and evaluates every system with seeds 1..N (runs SYSTEM, SYSTEM_seed2, ...;
+# each resumes on its own); the table then gives mean ± sd over seeds, every seed's score and a
+# significance test over seeds and sentences (docs/training.md, "Several seeds").
 # --gpus N and --precision go to scripts/train.sh (N GPU processes, the papers' update size kept).
 # PAIR: gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet) or demo.
 # Default systems for the real pairs: postnorm prenorm fixnorm scalenorm qknorm (TwT Table 3
@@ -12,11 +15,12 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
-pair="" systems=${SYSTEMS:-} train_extra=() train_opts=()
+pair="" systems=${SYSTEMS:-} seeds=1 train_extra=() train_opts=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
     --systems) systems=${2:?--systems needs a value}; shift 2 ;;
+    --seeds) seeds=${2:?--seeds needs a number}; shift 2 ;;
     --gpus|--precision) train_opts+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
     --) shift; train_extra=("$@"); break ;;
     -*) usage >&2; die "unknown option: $1" ;;
@@ -24,6 +28,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 pair=${pair:-demo}
+[[ $seeds =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive integer, got '$seeds'"
 [[ -f $ROOT/configs/$pair.yaml ]] || die "unknown pair '$pair': choose one of $(cd "$ROOT/configs" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')(for your own corpus: bash scripts/prepare.sh --pair xx-yy --src-dir DIR, then scripts/train.sh)"
 if [[ -z $systems ]]; then
   if [[ $pair == demo ]]; then systems="postnorm qknorm"; else systems="postnorm prenorm fixnorm scalenorm qknorm"; fi
@@ -39,10 +44,14 @@ log "== $pair: data"
 bash scripts/download.sh --pair "$pair"
 bash scripts/prepare.sh --pair "$pair"
 for s in $systems; do
-  log "== $pair: training $s ($(( SECONDS - t0 )) s so far)"
-  bash scripts/train.sh "${train_opts[@]}" "$pair" "$s" "${train_extra[@]}"
-  log "== $pair: evaluating $s"
-  bash scripts/evaluate.sh "$pair" "$s"
+  for k in $(seq 1 "$seeds"); do
+    run=$s seed_opt=()  # seed 1: the recipe's own run
+    if [[ $k != 1 ]]; then run=${s}_seed$k seed_opt=(--seed "$k"); fi
+    log "== $pair: training $run ($(( SECONDS - t0 )) s so far)"
+    bash scripts/train.sh "${train_opts[@]}" "${seed_opt[@]}" "$pair" "$s" "${train_extra[@]}"
+    log "== $pair: evaluating $run"
+    bash scripts/evaluate.sh "$pair" "$run"
+  done
 done
 log "== $pair: comparing $systems"
 bash scripts/compare.sh "$pair"

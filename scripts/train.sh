@@ -16,7 +16,10 @@ Options (before PAIR):
   --stopping NAME              stopping rule from the config's stopping: (twt, twt_paper, qknorm);
                                default: the system's (the original code's, docs/training.md)
   --paper-qknorm-length        QKNorm's L from the config (the papers' value) instead of the data
-  --name NAME                  run name (default SYSTEM, or SYSTEM_SCHEDULE with --schedule)
+  --seed K                     fairseq's random seed (default: the recipe's, 1); K != 1 trains
+                               the run SYSTEM_seedK, so each seed has its own checkpoints
+  --name NAME                  run name (default SYSTEM, or SYSTEM_SCHEDULE with --schedule,
+                               then _seedK)
   --gpus N                     data-parallel training on N GPUs of this machine: N processes
                                started by torchrun, fairseq's distributed engine (NCCL); the
                                recipe's tokens per update are kept (each process takes
@@ -37,7 +40,7 @@ a run that finished with the same command is skipped.
 EOF
 }
 
-precision=fp32 schedule="" stop_rule=() paper_len=() name="" dry=0 gpus="" per_gpu="" nodes=1 node_rank="" master=""
+precision=fp32 schedule="" stop_rule=() paper_len=() name="" seed="" dry=0 gpus="" per_gpu="" nodes=1 node_rank="" master=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -46,6 +49,7 @@ while [[ $# -gt 0 ]]; do
     --stopping) stop_rule=(--stopping "${2:?--stopping needs a name}"); shift 2 ;;
     --paper-qknorm-length) paper_len=(--paper-qknorm-length); shift ;;
     --name) name=${2:?--name needs a value}; shift 2 ;;
+    --seed) seed=${2:?--seed needs a number}; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --gpus) gpus=${2:?--gpus needs a number}; shift 2 ;;
     --max-tokens-per-gpu) per_gpu=${2:?--max-tokens-per-gpu needs a number}; shift 2 ;;
@@ -71,7 +75,11 @@ if (( nodes > 1 )); then
   [[ $node_rank =~ ^[0-9]+$ ]] && (( node_rank < nodes )) || die "--nodes $nodes needs --node-rank 0..$((nodes - 1)), got '$node_rank'"
   [[ $master =~ ^[^:]+:[0-9]+$ ]] || die "--nodes $nodes needs --master HOST:PORT (the machine of --node-rank 0), got '$master'"
 fi
-[[ -n $name ]] || name=$system${schedule:+_$schedule}
+[[ -z $seed || $seed =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$seed'"
+seed_args=() seed_tag=""
+if [[ -n $seed ]]; then seed_args=(--seed "$seed"); fi
+if [[ -n $seed && $seed != 1 ]]; then seed_tag=_seed$seed; fi
+[[ -n $name ]] || name=$system${schedule:+_$schedule}$seed_tag
 
 if [[ $dry == 1 && -x $VENV/bin/python ]]; then source "$VENV/bin/activate"; else activate_env; fi
 cd "$ROOT"
@@ -135,9 +143,9 @@ if [[ -n $gpus && $dry == 0 ]]; then
 fi
 # python -m qknorm_fairseq.train is fairseq-train with --bf16 usable on a GPU (see its docstring)
 if [[ -n $gpus ]]; then
-  cmd=("${launcher[@]}" -m qknorm_fairseq.train "${args[@]}" "${dist[@]}" "${device[@]}" "${extra[@]}")
+  cmd=("${launcher[@]}" -m qknorm_fairseq.train "${args[@]}" "${seed_args[@]}" "${dist[@]}" "${device[@]}" "${extra[@]}")
 else
-  cmd=(python -m qknorm_fairseq.train "${args[@]}" "${device[@]}" "${extra[@]}")
+  cmd=(python -m qknorm_fairseq.train "${args[@]}" "${seed_args[@]}" "${device[@]}" "${extra[@]}")
 fi
 if [[ $dry == 1 ]]; then
   printf '%q ' "${cmd[@]}"; echo

@@ -5,7 +5,11 @@ import numpy as np
 import pytest
 
 from qknorm_fairseq.scoring import bleu
-from qknorm_fairseq.scoring.significance import approximate_randomization, paired_bootstrap
+import itertools
+
+from conftest import bleu_from_stats, sentence_stats
+from qknorm_fairseq.scoring.significance import (approximate_randomization, paired_bootstrap,
+                                                  replicate_bootstrap)
 
 
 def _corpus(seed=0, n=150):
@@ -65,3 +69,55 @@ def test_seed_reproducible_and_sacrebleu_metric():
 def test_mismatched_lengths_rejected():
     with pytest.raises(ValueError, match="same sentences"):
         paired_bootstrap(np.zeros((3, 10)), np.zeros((4, 10)))
+
+
+def _runs(refs, hyps_per_seed):
+    return [[sentence_stats(h, r) for h, r in zip(hyps, refs)] for hyps in hyps_per_seed]
+
+
+def test_replicate_bootstrap_matches_exhaustive_enumeration_on_a_tiny_case():
+    # 3 sentences, 2 seeds per system: every equally likely outcome (27 sentence resamples x 4 seed
+    # draws per system) enumerated with a BLEU written independently of the package
+    refs = ["a b c d e f g h", "i j k l m n o p", "q r s t u v w x"]
+    sys_runs = _runs(refs, [["a b c d e f g z", "i j k l m n z z", "q r s t u v w x"],
+                            ["a b c z e f g h", "i j k l m n o p", "q r z t u v z x"]])
+    base_runs = _runs(refs, [["a b c d e f g h", "i j z l m n o z", "q r s z u v w z"],
+                             ["a b z d e f g h", "i j k l m n o p", "q z s t u v w x"]])
+
+    def corpus(run, idx):
+        return bleu_from_stats([sum(col) for col in zip(*(run[i] for i in idx))])
+
+    not_better = total = 0
+    for idx in itertools.product(range(3), repeat=3):
+        for ds in itertools.product(range(2), repeat=2):
+            for db in itertools.product(range(2), repeat=2):
+                m_sys = sum(corpus(sys_runs[d], idx) for d in ds) / 2
+                m_base = sum(corpus(base_runs[d], idx) for d in db) / 2
+                not_better += m_sys <= m_base + 1e-9
+                total += 1
+    exact = not_better / total
+    assert 0.2 < exact < 0.8, "the case must not be trivial"
+    def layout(runs):  # the package's order: lengths, then matches, then totals
+        return [[[st[8], st[9], *st[0:8:2], *st[1:8:2]] for st in run] for run in runs]
+    res = replicate_bootstrap(layout(sys_runs), layout(base_runs), n_samples=40000, seed=3)
+    assert res["p_value"] == pytest.approx(exact, abs=0.012)  # 4 standard errors
+    mean = lambda runs: sum(corpus(r, range(3)) for r in runs) / 2  # noqa: E731
+    assert res["delta"] == pytest.approx(mean(sys_runs) - mean(base_runs), abs=1e-6)
+
+
+def test_replicate_bootstrap_with_one_seed_is_the_paired_bootstrap():
+    refs, noisy = _corpus(seed=5)
+    a, b = bleu.multi_bleu(noisy(0.3), [refs]).stats, bleu.multi_bleu(noisy(0.35), [refs]).stats
+    assert (replicate_bootstrap([a], [b], n_samples=500, seed=9)["p_value"]
+            == paired_bootstrap(a, b, n_samples=500, seed=9)["p_value"])
+
+
+def test_one_lucky_seed_is_not_significant():
+    # seed 1 of the system is far better than the baseline, seed 2 far worse: the paired
+    # bootstrap of seed 1 alone says significant, the test over seeds must not
+    refs, noisy = _corpus(seed=2, n=300)
+    good, bad = bleu.multi_bleu(noisy(0.1), [refs]).stats, bleu.multi_bleu(noisy(0.6), [refs]).stats
+    base = [bleu.multi_bleu(noisy(0.35), [refs]).stats for _ in range(2)]
+    assert paired_bootstrap(good, base[0], n_samples=500)["p_value"] < 0.01
+    assert replicate_bootstrap([good, bad], base, n_samples=2000)["p_value"] > 0.05
+    assert replicate_bootstrap([good, good], base, n_samples=2000)["p_value"] < 0.01

@@ -13,16 +13,33 @@ import csv
 import io
 import json
 import os
+import re
+import statistics
 import sys
 
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, ScoringError
-from .evaluate import METRICS, score_systems, write_atomic
+from .evaluate import METRICS, score_runs, score_systems, write_atomic
+from .significance import replicate_bootstrap
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
 DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
 # Baseline preference when none is named: TwT's baseline, then QKNorm's (Nguyen & Salazar).
 BASELINE_ORDER = ("postnorm", "scalenorm", "prenorm")
+# A run trained with `train.sh --seed K` (K != 1) is named SYSTEM_seedK; the plain SYSTEM is seed 1.
+SEED_RUN = re.compile(r"^(?P<system>.+)_seed(?P<seed>[0-9]+)$")
+
+
+def group_runs(runs):
+    """{system: {seed: run name}} of evaluated run names."""
+    groups = {}
+    for run in runs:
+        m = SEED_RUN.match(run)
+        system, seed = (m["system"], int(m["seed"])) if m else (run, 1)
+        if seed in groups.setdefault(system, {}):
+            raise ScoringError(f"runs {groups[system][seed]!r} and {run!r} are both seed {seed} of {system}")
+        groups[system][seed] = run
+    return {s: dict(sorted(g.items())) for s, g in sorted(groups.items())}
 
 
 def load_published(path, pair):
@@ -66,6 +83,10 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
         baseline = next((b for b in BASELINE_ORDER if b in systems), systems[0])
     elif baseline not in systems:
         raise ScoringError(f"baseline {baseline!r} has no results in {pair_dir} (have: {', '.join(systems)})")
+    groups = group_runs(systems)
+    if any(len(g) > 1 for g in groups.values()):
+        return build_seeds(pair, pair_dir, groups, ref, metric, detok, lang, baseline, published_path,
+                           n_samples, seed, treebank_detok)
     hyps = [(s, os.path.join(pair_dir, s, "hyp.txt")) for s in systems]
     main = score_systems(ref, hyps, baseline=baseline, detok=detok, lang=lang, metric=metric,
                          n_samples=n_samples, seed=seed)
@@ -92,6 +113,46 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
             "sacrebleu_signature": main["systems"][baseline]["sacrebleu_signature"], "rows": rows}
 
 
+def build_seeds(pair, pair_dir, groups, ref, metric, detok, lang, baseline, published_path, n_samples,
+                seed, treebank_detok):
+    """The table when some system was trained with several seeds: per metric the mean and the
+    sample standard deviation over seeds, every seed's score, and the replicate bootstrap."""
+    if baseline is None or baseline not in groups:
+        if baseline is not None and baseline in {r for g in groups.values() for r in g.values()}:
+            baseline = next(s for s, g in groups.items() if baseline in g.values())
+        else:
+            baseline = next((b for b in BASELINE_ORDER if b in groups), next(iter(groups)))
+    runs = [(run, os.path.join(pair_dir, run, "hyp.txt")) for g in groups.values() for run in g.values()]
+    scores, stats, score_fns = score_runs(ref, runs, detok, lang)
+    tb, _, _ = score_runs(ref, runs, treebank_detok, lang)
+    for run in scores:
+        scores[run]["sacrebleu_treebank"] = tb[run]["sacrebleu"]
+    published = load_published(published_path, pair)
+    rows = []
+    for system, by_seed in groups.items():
+        per_seed = {k: {m: scores[run][m] for m in ALL_METRICS} for k, run in by_seed.items()}
+        row = {"system": system, "seeds": list(by_seed), "runs": dict(by_seed), "per_seed": per_seed}
+        for m in ALL_METRICS:
+            values = [v[m] for v in per_seed.values()]
+            row[m] = round(statistics.mean(values), 4)
+            row[m + "_sd"] = round(statistics.stdev(values), 4) if len(values) > 1 else None
+        row["delta"] = row["p_value"] = row["significant"] = None
+        if system != baseline:
+            res = replicate_bootstrap([stats[r][metric] for r in by_seed.values()],
+                                      [stats[r][metric] for r in groups[baseline].values()],
+                                      n_samples=n_samples, seed=seed, score_fn=score_fns[metric])
+            row.update(delta=round(res["delta"], 4), p_value=res["p_value"], significant=res["p_value"] < 0.01)
+        row["published"] = [{"source": f"{p['paper']} T{p['table']}", "metric": p["metric"], "bleu": p["bleu"],
+                             "ours": row[p["metric"]], "diff": round(row[p["metric"]] - p["bleu"], 2)}
+                            for p in published if p["system"] == system and not p["variant"]]
+        rows.append(row)
+    first = next(iter(scores.values()))
+    return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
+            "reference": [shareable(r) for r in ref], "treebank_detok": treebank_detok,
+            "n_samples": n_samples, "seed": seed, "test": "replicate_bootstrap", "seeds": True,
+            "sacrebleu_signature": first["sacrebleu_signature"], "rows": rows}
+
+
 def _sources(table):
     seen = []
     for r in table["rows"]:
@@ -108,9 +169,17 @@ def to_rows(table):
     header = ["system", *ALL_METRICS, f"delta {table['metric']}", "p"]
     for src, m in sources:  # each published number beside ours in its own metric
         header += [f"{src} published ({m})", f"ours ({m})"]
+    if table.get("seeds"):
+        header[len(ALL_METRICS) + 1:len(ALL_METRICS) + 1] = ["seeds", f"per seed ({table['metric']})"]
     out = [header]
     for r in table["rows"]:
-        cells = [r["system"]] + [f"{r[m]:.2f}" for m in ALL_METRICS]
+        if table.get("seeds"):
+            cells = [r["system"]] + [f"{r[m]:.2f}" + ("" if r[m + "_sd"] is None else f" ± {r[m + '_sd']:.2f}")
+                                     for m in ALL_METRICS]
+            cells += [str(len(r["seeds"])),
+                      " ".join(f"{r['per_seed'][k][table['metric']]:.2f}" for k in r["seeds"])]
+        else:
+            cells = [r["system"]] + [f"{r[m]:.2f}" for m in ALL_METRICS]
         cells.append("" if r["delta"] is None or r["system"] == table["baseline"] else f"{r['delta']:+.2f}")
         cells.append("" if r["p_value"] is None else f"{r['p_value']:.3f}" + (" *" if r["significant"] else ""))
         pub = {(p["source"], p["metric"]): p for p in r["published"]}
@@ -125,8 +194,14 @@ def to_markdown(table):
     lines = [f"# {table['pair']}: test BLEU", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    lines += ["", f"Baseline: {table['baseline']}. Delta and p on {table['metric']} (paired bootstrap, "
-              f"{table['n_samples']} samples, seed {table['seed']}; one-sided, * = p < 0.01). "
+    if table.get("seeds"):
+        test = (f"mean over seeds ± sample standard deviation; delta of the means and p on {table['metric']} "
+                f"from the replicate bootstrap (test sentences and training seeds resampled together, "
+                f"{table['n_samples']} samples, seed {table['seed']}; one-sided, * = p < 0.01)")
+    else:
+        test = (f"Delta and p on {table['metric']} (paired bootstrap, {table['n_samples']} samples, "
+                f"seed {table['seed']}; one-sided, * = p < 0.01)")
+    lines += ["", f"Baseline: {table['baseline']}. {test[0].upper() + test[1:]}. "
               f"Detokenizer for multi_bleu_detok/sacrebleu: {table['detok']}; sacrebleu_treebank = "
               f"SacreBLEU after NLTK Treebank detokenization ({table.get('treebank_detok', 'treebank')}; "
               "QKNorm Table 3: escapes kept). "

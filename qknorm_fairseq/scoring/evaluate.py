@@ -34,14 +34,10 @@ def _parse_sys(items):
     return systems
 
 
-def score_systems(ref_paths, systems, baseline=None, detok="none", lang="en", metric="multi_bleu",
-                  test="bootstrap", n_samples=1000, seed=12345, warn=None):
-    """systems: list of (name, hypothesis path). Returns the JSON-ready result dict."""
-    if metric not in METRICS:
-        raise bleu.ScoringError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
-    if baseline is not None and baseline not in dict(systems):
-        raise bleu.ScoringError(f"baseline {baseline!r} is not among the systems "
-                                f"({', '.join(n for n, _ in systems)})")
+def score_runs(ref_paths, systems, detok="none", lang="en", warn=None):
+    """Every metric of every (name, hypothesis path), with the per-sentence statistics behind them.
+    Returns (scores by name, statistics by name and metric, score function by metric: None for
+    multi-bleu's formula, else a function from summed statistics to BLEU)."""
     ref_sets = [bleu.read_lines(p, "reference") for p in ref_paths]
     for p, refs in zip(ref_paths[1:], ref_sets[1:]):
         if len(refs) != len(ref_sets[0]):
@@ -67,17 +63,28 @@ def score_systems(ref_paths, systems, baseline=None, detok="none", lang="en", me
         out[name] = {"multi_bleu": round(mb.score, 4), "multi_bleu_detok": round(mbd.score, 4),
                      "sacrebleu": round(sb.score, 4), "sacrebleu_signature": sig,
                      "multi_bleu_str": str(mb), "p_value": None, "delta": None}
+    score_fns = {"multi_bleu": None, "multi_bleu_detok": None,
+                 "sacrebleu": lambda row: sb_metric._compute_score_from_stats(list(row)).score}
+    return out, stats, score_fns
+
+
+def score_systems(ref_paths, systems, baseline=None, detok="none", lang="en", metric="multi_bleu",
+                  test="bootstrap", n_samples=1000, seed=12345, warn=None):
+    """systems: list of (name, hypothesis path). Returns the JSON-ready result dict."""
+    if metric not in METRICS:
+        raise bleu.ScoringError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
+    if baseline is not None and baseline not in dict(systems):
+        raise bleu.ScoringError(f"baseline {baseline!r} is not among the systems "
+                                f"({', '.join(n for n, _ in systems)})")
+    out, stats, score_fns = score_runs(ref_paths, systems, detok, lang, warn)
     if baseline is not None:
-        score_fn = None
-        if metric == "sacrebleu":
-            score_fn = lambda row: sb_metric._compute_score_from_stats(list(row)).score  # noqa: E731
         for name, _ in systems:
             out[name]["delta"] = round(out[name][metric] - out[baseline][metric], 4)
             if name == baseline:
                 continue
             fn = paired_bootstrap if test == "bootstrap" else approximate_randomization
             res = fn(stats[name][metric], stats[baseline][metric], n_samples=n_samples, seed=seed,
-                     score_fn=score_fn)
+                     score_fn=score_fns[metric])
             out[name]["p_value"] = res["p_value"]
     return {"systems": out, "reference": list(ref_paths), "baseline": baseline, "detok": detok,
             "metric": metric, "test": test if baseline else None, "n_samples": n_samples, "seed": seed}

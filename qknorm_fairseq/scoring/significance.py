@@ -80,3 +80,42 @@ def _scores_offset(base, offset, swap, score_fn):
     if score_fn is None:
         return bleu_from_stats(sums)
     return np.array([score_fn(row) for row in sums])
+
+
+def replicate_bootstrap(sys_runs, base_runs, n_samples=1000, seed=12345, score_fn=None):
+    """Significance over training seeds (replicates) and sentences together.
+
+    ``sys_runs`` and ``base_runs`` are lists with one entry per seed: that run's per-sentence
+    statistics. Each sample draws one test set of sentences with replacement (the same for every
+    run) and, independently for each system, as many seeds as it has, with replacement; a
+    system's score on the sample is the mean BLEU of its drawn seeds on the drawn sentences. So
+    the spread between seeds enters the test as the spread between sentences does: a difference
+    that one lucky seed produced is not significant (MultEval's motivation, Clark et al. 2011,
+    here as a two-level bootstrap instead of their stratified randomisation). One-sided like
+    ``paired_bootstrap``: p = (samples where the system's mean is not above the baseline's + 1)
+    / (n_samples + 1); with one seed per system it is Koehn's paired bootstrap.
+    """
+    runs = [np.asarray(r, dtype=np.float64) for r in list(sys_runs) + list(base_runs)]
+    if not sys_runs or not base_runs:
+        raise ValueError("replicate bootstrap needs at least one run per system")
+    for r in runs[1:]:
+        _check(r, runs[0])
+    n = len(runs[0])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_samples, n))
+    weights = np.zeros((n_samples, n))
+    np.add.at(weights, (np.arange(n_samples)[:, None], idx), 1)
+
+    def mean_of_drawn_seeds(stats_list):
+        scores = np.stack([_scores(s, weights, score_fn) for s in stats_list])  # (seeds, samples)
+        drawn = rng.integers(0, len(stats_list), size=(len(stats_list), n_samples))
+        return scores[drawn, np.arange(n_samples)].mean(0)
+
+    s_sys = mean_of_drawn_seeds(runs[:len(sys_runs)])
+    s_base = mean_of_drawn_seeds(runs[len(sys_runs):])
+    full = np.ones((1, n))
+    delta = float(np.mean([_scores(r, full, score_fn)[0] for r in runs[:len(sys_runs)]])
+                  - np.mean([_scores(r, full, score_fn)[0] for r in runs[len(sys_runs):]]))
+    return {"p_value": (int(np.sum(s_sys <= s_base)) + 1) / (n_samples + 1), "delta": delta,
+            "n_samples": n_samples, "seed": seed, "test": "replicate_bootstrap",
+            "seeds": [len(sys_runs), len(base_runs)]}

@@ -1,0 +1,95 @@
+"""Several training seeds per system: the table's mean, spread and per-seed scores, and
+`reproduce.sh --seeds 2` on the demo (slow)."""
+import json
+import os
+import random
+import statistics
+import subprocess
+
+import pytest
+
+from _eval_tiny import REPO, pipeline_env
+from conftest import naive_bleu
+from qknorm_fairseq.scoring import compare
+
+
+def _runs(tmp_path, names):
+    rng = random.Random(4)
+    vocab = [f"w{i}" for i in range(30)]
+    refs = [" ".join(rng.choice(vocab) for _ in range(rng.randint(8, 14))) for _ in range(80)]
+    ref = tmp_path / "ref.en"
+    ref.write_text("".join(r + "\n" for r in refs))
+    hyps = {}
+    for name, noise in names.items():
+        hyps[name] = [" ".join(w if rng.random() > noise else rng.choice(vocab) for w in r.split()) for r in refs]
+        d = tmp_path / "results" / "demo" / name
+        d.mkdir(parents=True)
+        (d / "hyp.txt").write_text("".join(h + "\n" for h in hyps[name]))
+        (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu",
+                                                   "detok": "none", "systems": {}}))
+    return refs, hyps
+
+
+def test_table_over_seeds_has_mean_sd_and_every_seed(tmp_path):
+    refs, hyps = _runs(tmp_path, {"postnorm": 0.4, "postnorm_seed2": 0.45, "postnorm_seed3": 0.35,
+                                  "qknorm": 0.2, "qknorm_seed2": 0.25})
+    table = compare.build("demo", str(tmp_path / "results"), n_samples=300)
+    rows = {r["system"]: r for r in table["rows"]}
+    assert set(rows) == {"postnorm", "qknorm"} and table["baseline"] == "postnorm"
+    assert rows["postnorm"]["seeds"] == [1, 2, 3] and rows["qknorm"]["seeds"] == [1, 2]
+    for system, runs in {"postnorm": ["postnorm", "postnorm_seed2", "postnorm_seed3"],
+                         "qknorm": ["qknorm", "qknorm_seed2"]}.items():
+        per_seed = [naive_bleu(hyps[r], refs) for r in runs]
+        assert [rows[system]["per_seed"][k]["multi_bleu"] for k in rows[system]["seeds"]] == \
+            pytest.approx(per_seed, abs=1e-3)
+        assert rows[system]["multi_bleu"] == pytest.approx(statistics.mean(per_seed), abs=1e-3)
+        assert rows[system]["multi_bleu_sd"] == pytest.approx(statistics.stdev(per_seed), abs=1e-3)
+    assert rows["qknorm"]["delta"] == pytest.approx(rows["qknorm"]["multi_bleu"] - rows["postnorm"]["multi_bleu"],
+                                                    abs=1e-3)
+    assert rows["qknorm"]["p_value"] < 0.01 and rows["postnorm"]["p_value"] is None
+    md = compare.to_markdown(table)
+    q = rows["qknorm"]
+    assert (f"| qknorm | {q['multi_bleu']:.2f} ± {q['multi_bleu_sd']:.2f} |" in md
+            and "replicate bootstrap" in md)
+    assert " ".join(f"{q['per_seed'][k]['multi_bleu']:.2f}" for k in (1, 2)) in md
+
+
+def test_two_runs_claiming_one_seed_are_refused(tmp_path):
+    _runs(tmp_path, {"qknorm": 0.2, "qknorm_seed1": 0.3})
+    with pytest.raises(compare.ScoringError, match="both seed 1 of qknorm"):
+        compare.build("demo", str(tmp_path / "results"))
+
+
+def test_seed_option_names_the_run_and_reaches_fairseq():
+    out = subprocess.run(["bash", os.path.join(REPO, "scripts", "train.sh"), "--dry-run", "--seed", "3",
+                          "demo", "qknorm"], capture_output=True, text=True, env=pipeline_env("/nonexistent"))
+    assert out.returncode == 0, out.stderr
+    assert "--seed 3" in out.stdout and "/demo/qknorm_seed3" in out.stdout
+    bad = subprocess.run(["bash", os.path.join(REPO, "scripts", "reproduce.sh"), "demo", "--seeds", "0"],
+                         capture_output=True, text=True, env=pipeline_env("/nonexistent"))
+    assert bad.returncode != 0 and "--seeds must be a positive integer, got '0'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_reproduce_with_two_seeds_on_the_demo(tmp_path):
+    env = pipeline_env(str(tmp_path))
+    cmd = ["bash", os.path.join(REPO, "scripts", "reproduce.sh"), "demo", "--seeds", "2", "--", "--max-update", "200"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    res = tmp_path / "results" / "demo"
+    table = json.loads((res / "compare.json").read_text())
+    rows = {r["system"]: r for r in table["rows"]}
+    assert set(rows) == {"postnorm", "qknorm"}
+    for system in rows:
+        files = {1: res / system / "scores.json", 2: res / f"{system}_seed2" / "scores.json"}
+        scores = {k: json.loads(f.read_text())["systems"] for k, f in files.items()}
+        per_seed = [next(iter(scores[k].values()))["multi_bleu"] for k in (1, 2)]
+        assert per_seed[0] != per_seed[1], "two seeds gave the same model"
+        assert [rows[system]["per_seed"][str(k)]["multi_bleu"] for k in (1, 2)] == pytest.approx(per_seed, abs=1e-3)
+        assert rows[system]["multi_bleu"] == pytest.approx(statistics.mean(per_seed), abs=1e-3)
+        assert rows[system]["multi_bleu_sd"] == pytest.approx(statistics.stdev(per_seed), abs=1e-3)
+        log2 = (tmp_path / "logs" / "demo" / f"{system}_seed2" / "train.log").read_text()
+        assert "--seed 2" in log2
+    assert "± " in first.stdout
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and again.stderr.count("already trained") == 4
