@@ -10,7 +10,6 @@ Command line (used by the bash pipelines):
     python -m qknorm_fairseq.recipes generate-args PAIR [--data-bin DIR]  # fairseq-generate decoding arguments
     python -m qknorm_fairseq.recipes systems PAIR        # the systems a config defines
     python -m qknorm_fairseq.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)
-    python -m qknorm_fairseq.recipes known PAIR          # exit 0 when PAIR has a recipe (a file or prepared data)
 PAIR's prepared data is looked up in --data-bin, else $DATA_BIN/PAIR (default data-bin/PAIR).
 """
 import argparse
@@ -96,7 +95,8 @@ def load(pair, data_bin=None, announce=False):
 
 def _describe(over):
     flat = [f"{k}={v}" for sec in ("model", "train") for k, v in over[sec].items()]
-    return ", ".join(flat + [f"stopping.{k}.{a}={b}" for k, d in over.get("stopping", {}).items() for a, b in d.items()])
+    flat += [f"stopping.{k}.{a}={b}" for k, d in over.get("stopping", {}).items() for a, b in d.items()]
+    return ", ".join(flat)
 
 
 def remove_bpe(cfg, data_bin=None):
@@ -266,14 +266,11 @@ def main(argv=None):
     p_train.add_argument("--paper-qknorm-length", action="store_true",
                          help="use the paper's L (model.qknorm_length) instead of computing it from the data")
     p_train.add_argument("--save-dir", help="checkpoint directory")
-    for name in ("generate-args", "systems", "schedules", "known"):
+    for name in ("generate-args", "systems", "schedules"):
         sub.add_parser(name).add_argument("pair")
     for p in sub.choices.values():
         p.add_argument("--data-bin", help="PAIR's binarized data (default: $DATA_BIN/PAIR, else data-bin/PAIR)")
     args = parser.parse_args(argv)
-    if args.cmd == "known":
-        path = os.path.join(CONFIG_DIR, f"{args.pair}.yaml")
-        return 0 if os.path.exists(path) or read_stats(args.data_bin or default_data_bin(args.pair)) else 1
     cfg = load(args.pair, args.data_bin, announce=args.cmd == "train-args")
     if args.cmd == "get":
         value = get(cfg, args.key)

@@ -454,3 +454,34 @@ def test_download_sh_over_http_is_idempotent(tmp_path, site, http_url, configs):
                        env=env, capture_output=True, text=True)
     assert p.returncode != 0 and "unknown pair 'xx-yy'" in p.stderr
     assert not (tmp_path / "data/xx-yy").exists()
+
+
+def test_progress_bar_on_a_terminal(tmp_path, site, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    fetch.fetch((site / "ok/ted_talks.tar.gz").as_uri(), str(tmp_path / "t.tar.gz"))
+    bar = screen.getvalue().split("\r")[-1]
+    assert bar.startswith("ted_talks.tar.gz: 100%") and "B/s]" in bar  # tqdm: size, rate, ETA
+
+
+def test_hf_revision_is_one_setting(monkeypatch):
+    monkeypatch.setenv("QKNORM_HF_REVISION", "0123abcd" * 5)
+    (_, _, urls), = [c for c in sources.sources_for("ted_hrlr", "gl", "en") if c[0] == "hf-ted_hrlr"]
+    (_, _, folders), = [c for c in sources.sources_for("ted_multi", "sk", "en") if c[0] == "hf-ted_multi"]
+    assert all(f"/resolve/{'0123abcd' * 5}/" in u for u in [*urls.values(), *folders.values()])
+
+
+def test_concurrent_fetches_of_one_file_do_not_interleave(tmp_path, http_url, site):
+    import concurrent.futures
+
+    name = "ok/ted_talks.tar.gz"
+    expect = published_for(site / name)["ted_talks.tar.gz"]
+    dest = str(tmp_path / "t.tar.gz")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda _: fetch.fetch(f"{http_url}/{name}", dest, expect), range(2)))
+    assert open(dest, "rb").read() == (site / name).read_bytes()
+    assert os.listdir(tmp_path) == ["t.tar.gz"]

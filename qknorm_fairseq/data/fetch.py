@@ -6,6 +6,8 @@ always means "verified". An interrupted transfer keeps DEST.part and the next at
 next run) asks the server for the rest; a server that ignores Range sends it all again.
 A file that fails a check is deleted, .part included: nothing unverified is kept.
 """
+import contextlib
+import fcntl
 import hashlib
 import http.client
 import os
@@ -165,13 +167,35 @@ def verify(path, url, expect=None, min_size=1):
                         "the file is corrupt or changed upstream, run again or use another --source")
 
 
+@contextlib.contextmanager
+def _locked(folder):
+    """Holds an exclusive lock on FOLDER: two runs never write the same .part at once."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another download into {folder} to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def fetch(url, dest, expect=None, min_size=1):
     """URL -> DEST, verified against EXPECT (a sources.Published or None). An existing DEST is
     reused: it is only ever created complete and verified."""
-    if os.path.exists(dest):
-        log(f"reusing {dest}")
-        return dest
-    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(folder, exist_ok=True)
+    with _locked(folder):
+        if os.path.exists(dest):
+            log(f"reusing {dest}")
+            return dest
+        _fetch(url, dest, expect, min_size)
+    return dest
+
+
+def _fetch(url, dest, expect, min_size):
     part, name = dest + ".part", url.rstrip("/").rsplit("/", 1)[-1]
     for attempt in range(RETRIES + 1):
         kept = os.path.getsize(part) if os.path.exists(part) else 0
@@ -192,4 +216,3 @@ def fetch(url, dest, expect=None, min_size=1):
             raise
     verify(part, url, expect, min_size)
     os.replace(part, dest)
-    return dest

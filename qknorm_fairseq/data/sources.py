@@ -39,7 +39,8 @@ class Published:
 # download_checksums of datasets/{ted_hrlr,ted_multi,mt_eng_vietnamese}/dataset_infos.json in the
 # GitHub repository huggingface/datasets; the md5s of the Stanford files as published with them.
 PUBLISHED = {
-    "qi18naacl-dataset.tar.gz": Published(131005909, "216a86c3df4d4f522856fe9b920ff5be6b394d769cc88974ae8f9f5546953bbc"),
+    "qi18naacl-dataset.tar.gz": Published(131005909,
+                                          "216a86c3df4d4f522856fe9b920ff5be6b394d769cc88974ae8f9f5546953bbc"),
     "ted_talks.tar.gz": Published(352222045, "03457b9ebc6d60839f1a48c5a03c940266aff78b81fcda4c6d9e2a5a7fb670ae"),
     "train.en": Published(13603614, "c26dfeed74b6bf3752f5ca552f2412456f0de153f7c804df8717931fb3a5c78a",
                           "5b6300f46160ab5a7a995546d2eeb9e6"),
