@@ -23,7 +23,7 @@ if [[ $TARGET == all ]]; then
   PAIRS=()
   for d in "$RESULTS_DIR"/*/; do
     p=$(basename "$d")
-    [[ -f $ROOT/configs/$p.yaml ]] && PAIRS+=("$p")
+    [[ -f $ROOT/configs/$p.yaml || -f $DATA_BIN/$p/stats.json ]] && PAIRS+=("$p")
   done
   [[ ${#PAIRS[@]} -gt 0 ]] || die "no evaluated pairs under $RESULTS_DIR: run scripts/evaluate.sh PAIR SYSTEM first"
 else

@@ -3,9 +3,10 @@
 #   bash scripts/download.sh --pair PAIR [--source NAME] [--force]
 # PAIR: gl-en sk-en ar-en en-he en-vi (from configs/), or demo (generated offline, seeded).
 # Sources are tried in order until one passes every check (no HTML page, complete archive,
-# md5 where known, aligned sides, expected line counts where the source reproduces the
+# published size + sha256 (+ md5) where known, aligned sides, expected line counts where the source reproduces the
 # papers' split); each failure is reported. See data/README.md for the URLs and
-# qknorm_fairseq/corpora.py for the environment variables that point them at mirrors.
+# qknorm_fairseq/data/sources.py for the environment variables that point them at mirrors.
+# Transfers retry network errors, resume an interrupted file over HTTP Range and show progress.
 # Idempotent: a finished pair (raw/.done) is skipped; archives are cached in
 # $DATA_DIR/downloads/ and reused, and are only ever stored complete and verified.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

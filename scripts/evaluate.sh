@@ -5,7 +5,8 @@ usage() {
 usage: scripts/evaluate.sh PAIR SYSTEM [extra fairseq-generate flags]
 
 Decodes $DATA_BIN/PAIR (test split) with $CKPT_DIR/PAIR/SYSTEM/checkpoint_best.pt
-(beam 4, max length = source length + 50, BPE removed, the papers' length normalisation),
+(beam 4, max length = source length + 50, BPE or SentencePiece undone as data-bin/PAIR/stats.json
+says, the papers' length normalisation),
 restores the original sentence order and scores against $DATA_DIR/PAIR/tok/test.<tgt> with
 the pair's eval.metric / eval.detok (configs/PAIR.yaml).
 Writes $RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json}. Re-running is a no-op
@@ -40,9 +41,9 @@ fi
 rm -f "$OUT/.done"
 mkdir -p "$OUT"
 
-# The decoding recipe (beam 4, max length source + 50, BPE removal and the papers' GNMT length
-# normalisation), as one shell-quoted line.
-line=$(python -m qknorm_fairseq.recipes generate-args "$PAIR") || die "recipes generate-args $PAIR failed"
+# The decoding recipe (beam 4, max length source + 50, the papers' GNMT length normalisation, and
+# the undoing of the segmentation recorded in $BIN/stats.json), as one shell-quoted line.
+line=$(python -m qknorm_fairseq.recipes generate-args "$PAIR" --data-bin "$BIN") || die "recipes generate-args $PAIR failed"
 eval "GEN_ARGS=($line)"
 
 # torch >= 2.6 refuses fairseq checkpoints under weights_only loading (see REFERENCE.md).

@@ -6,7 +6,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=${DATA_DIR:-$ROOT/data}
-DATA_BIN=${DATA_BIN:-$ROOT/data-bin}
+export DATA_BIN=${DATA_BIN:-$ROOT/data-bin}  # also read by qknorm_fairseq.recipes
 CKPT_DIR=${CKPT_DIR:-$ROOT/checkpoints}
 LOG_DIR=${LOG_DIR:-$ROOT/logs}
 RESULTS_DIR=${RESULTS_DIR:-$ROOT/results}
@@ -50,5 +50,5 @@ mark_done() { mkdir -p "$1" && date -u +%FT%TZ >"$1/.done"; }
 # has_gpu: true when torch sees a CUDA device.
 has_gpu() { python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
 
-# recipe PAIR KEY: one value from configs/PAIR.yaml (see qknorm_fairseq/recipes.py).
+# recipe PAIR KEY: one value of PAIR's recipe, configs/base.yaml + configs/PAIR.yaml (qknorm_fairseq/recipes.py).
 recipe() { python -m qknorm_fairseq.recipes get "$1" "$2"; }

@@ -4,7 +4,9 @@
 #                           [--bpe fastbpe|sentencepiece] [--merges N] [--max-len N] [--force]
 # Input: $DATA_DIR/<pair>/raw/ (written by scripts/download.sh), or --src-dir DIR holding
 #   train.xx train.yy dev.xx dev.yy test.xx test.yy for --pair xx-yy (any pair: a pair without
-#   configs/xx-yy.yaml needs --tokenized or --raw and uses BPE defaults: fastbpe, 8000 merges).
+#   configs/xx-yy.yaml needs --tokenized or --raw and takes configs/base.yaml's data settings:
+#   fastbpe, 8000 merges, max length 250). train.sh, evaluate.sh and reproduce.sh then work on it
+#   with the base recipe sized from its training set (docs/training.md).
 # --tokenized: text is already Moses-tokenized (TED, IWSLT); --raw: tokenize with sacremoses
 #   (escape=False, i.e. Moses -no-escape; see data/README.md). Default: data.tokenized of the config.
 # Output:
@@ -43,7 +45,7 @@ if [[ $known == 0 ]]; then
   [[ $pair =~ ^([A-Za-z_]+)-([A-Za-z_]+)$ ]] || die "--pair must look like xx-yy (source-target language codes), got '$pair'"
   src=${BASH_REMATCH[1]} tgt=${BASH_REMATCH[2]}
   [[ -n $tok_flag ]] || die "pair '$pair' has no config: say whether DIR holds Moses-tokenized text (--tokenized) or raw text (--raw)"
-  tokenized="" bpe=fastbpe bpe_merges=8000 max_len=250
+  tokenized=""
 fi
 tokenized=${tok_flag:-$tokenized}
 bpe=${bpe_flag:-$bpe}

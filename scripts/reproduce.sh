@@ -8,7 +8,8 @@
 # each resumes on its own); the table then gives mean ± sd over seeds, every seed's score and a
 # significance test over seeds and sentences (docs/training.md, "Several seeds").
 # --gpus N and --precision go to scripts/train.sh (N GPU processes, the papers' update size kept).
-# PAIR: gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet) or demo.
+# PAIR: gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet) or demo, or your own
+# pair once prepared: bash scripts/prepare.sh --pair xx-yy --src-dir DIR (no config needed).
 # Default systems for the real pairs: postnorm prenorm fixnorm scalenorm qknorm (TwT Table 3
 # and QKNorm Table 2); SYSTEMS="..." in the environment works too.
 # Every stage is idempotent: re-running resumes where an interruption stopped it.
@@ -29,7 +30,11 @@ while [[ $# -gt 0 ]]; do
 done
 pair=${pair:-demo}
 [[ $seeds =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive integer, got '$seeds'"
-[[ -f $ROOT/configs/$pair.yaml ]] || die "unknown pair '$pair': choose one of $(cd "$ROOT/configs" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')(for your own corpus: bash scripts/prepare.sh --pair xx-yy --src-dir DIR, then scripts/train.sh)"
+own_data=0
+if [[ ! -f $ROOT/configs/$pair.yaml || $pair == base ]]; then
+  [[ -f $DATA_BIN/$pair/stats.json ]] || die "unknown pair '$pair': choose one of $(cd "$ROOT/configs" && ls *.yaml | grep -vx base.yaml | sed 's/\.yaml$//' | tr '\n' ' ')or prepare your own corpus first: bash scripts/prepare.sh --pair $pair --src-dir DIR"
+  own_data=1
+fi
 if [[ -z $systems ]]; then
   if [[ $pair == demo ]]; then systems="postnorm qknorm"; else systems="postnorm prenorm fixnorm scalenorm qknorm"; fi
 fi
@@ -41,8 +46,12 @@ activate_env
 cd "$ROOT"
 t0=$SECONDS
 log "== $pair: data"
-bash scripts/download.sh --pair "$pair"
-bash scripts/prepare.sh --pair "$pair"
+if [[ $own_data == 1 ]]; then
+  log "$pair: your own corpus, prepared in $DATA_BIN/$pair (rerun scripts/prepare.sh --src-dir to change it)"
+else
+  bash scripts/download.sh --pair "$pair"
+  bash scripts/prepare.sh --pair "$pair"
+fi
 for s in $systems; do
   for k in $(seq 1 "$seeds"); do
     run=$s seed_opt=()  # seed 1: the recipe's own run

@@ -6,7 +6,8 @@ usage() {
   cat <<EOF
 usage: bash scripts/train.sh [options] PAIR SYSTEM [extra fairseq-train flags...]
 
-  PAIR     a configs/PAIR.yaml (gl-en sk-en en-vi en-he ar-en demo)
+  PAIR     a configs/PAIR.yaml (gl-en sk-en en-vi en-he ar-en demo), or a pair prepared with
+           scripts/prepare.sh --src-dir (the base recipe, sized from its training set)
   SYSTEM   one of the config's systems: (postnorm prenorm fixnorm scalenorm rmsnorm qknorm
            lpqknorm dnas hnas)
 Options (before PAIR):
@@ -94,6 +95,7 @@ if ! recipe_line=$(python -m qknorm_fairseq.recipes train-args "$pair" "$system"
   grep -v tensorboardX "$err" >&2; rm -f "$err"
   die "no recipe for $pair $system (see the message above)"
 fi
+grep -v tensorboardX "$err" >&2 || true
 rm -f "$err"
 eval "args=($recipe_line)"  # recipes.py prints one shell-quoted line
 

@@ -1,61 +1,92 @@
-"""Readers, verification, tokenization/length filter and the demo corpus generator."""
+"""Readers (TED reader rules, "\n"-only lines), verification, tokenization/length filter, the
+shell view of a recipe, and the demo corpus generator."""
 import collections
 import hashlib
-import io
 import json
 import os
 
 import pytest
 
 from qknorm_fairseq import corpora, demo_corpus
+from qknorm_fairseq.data import common, download, fetch, readers, sources, tokenize
+from qknorm_fairseq.data.common import DataError
+
+# every character str.splitlines() breaks at besides "\n" and "\r"
+ODD = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
 
 def test_html_detection():
-    assert corpora.looks_like_html(b"\n  <!DOCTYPE html><html>")
-    assert corpora.looks_like_html(b"<HTML><body>")
-    assert corpora.looks_like_html(b"<?xml version='1.0'?>\n<html xmlns='x'>")
-    assert not corpora.looks_like_html(b"\x1f\x8b\x08\x00gzip")
-    assert not corpora.looks_like_html(b"PAR1....")
-    assert not corpora.looks_like_html(b"Hello , world .\nthe <unk> token\n")
+    assert fetch.looks_like_html(b"\n  <!DOCTYPE html><html>")
+    assert fetch.looks_like_html(b"<HTML><body>")
+    assert fetch.looks_like_html(b"<?xml version='1.0'?>\n<html xmlns='x'>")
+    assert not fetch.looks_like_html(b"\x1f\x8b\x08\x00gzip")
+    assert not fetch.looks_like_html(b"PAR1....")
+    assert not fetch.looks_like_html(b"Hello , world .\nthe <unk> token\n")
+
+
+def test_lines_are_cut_at_newline_only():
+    text = "".join(f"a{c}b\n" for c in ODD) + "crlf\r\nlone\rcr\nlast"
+    assert common.split_lines(text) == [f"a{c}b" for c in ODD] + ["crlf", "lone\rcr", "last"]
+    assert common.split_lines("x\n\ny\n") == ["x", "", "y"]  # an empty line inside is kept
+    assert common.split_lines("") == []
+    assert len(text.splitlines()) == 2 * len(ODD) + 4  # what str.splitlines() would have made of it
 
 
 def test_complete_follows_the_ted_reader():
-    assert corpora.complete("a sentence .")
-    for bad in (None, "", "   ", "__NULL__", "_ _ NULL _ _", "x __NULL__ y"):
-        assert not corpora.complete(bad)
+    assert readers.complete("a sentence .")
+    # the original reader (ted_reader.py) drops a sentence that contains NULL anywhere
+    for bad in (None, "", "   ", "__NULL__", "_ _ NULL _ _", "x __NULL__ y", "a NULL pointer"):
+        assert not readers.complete(bad)
 
 
 def test_read_ted_tsv_keeps_rows_with_both_sides_and_adds_no_tag():
-    tsv = io.StringIO(
+    tsv = (
         "talk_name\ten\tgl\tpt\n"
         "t1\tHello .\tOla .\tOlá .\n"
         "t1\tBye .\t__NULL__\tTchau .\n"
         "t2\t_ _ NULL _ _\tAdeus .\tAdeus .\n"
         "t2\t\"quoted\" text .\tTexto \" .\t__NULL__\n"
         "t3\t  spaced .  \tespazo .\t\n"
+        "t3\tshort row\n"
+        + "".join(f"t4\ten {i}{c} .\tgl {i}{c} .\tpt\n" for i, c in enumerate(ODD))
     )
-    assert corpora.read_ted_tsv(tsv, "gl", "en") == [("Ola .", "Hello ."), ("Texto \" .", "\"quoted\" text ."),
-                                                     ("espazo .", "spaced .")]
-    tsv.seek(0)
-    with pytest.raises(corpora.DataError, match="no column for sk"):
-        corpora.read_ted_tsv(tsv, "sk", "en")
+    assert readers.read_ted_tsv(tsv, "gl", "en") == [
+        ("Ola .", "Hello ."), ("Texto \" .", "\"quoted\" text ."), ("espazo .", "spaced .")
+    ] + [(f"gl {i}{c} .", f"en {i}{c} .") for i, c in enumerate(ODD)]
+    with pytest.raises(DataError, match="no column for sk"):
+        readers.read_ted_tsv(tsv, "sk", "en")
 
 
 def test_fetch_verifies_and_reuses(tmp_path):
     good = tmp_path / "good.txt"
-    good.write_text("one\ntwo\n")
-    digest = hashlib.md5(b"one\ntwo\n").hexdigest()
+    data = b"one\ntwo\n"
+    good.write_bytes(data)
+    expect = sources.Published(len(data), hashlib.sha256(data).hexdigest(), hashlib.md5(data).hexdigest())
     dest = tmp_path / "cache" / "good.txt"
-    corpora.fetch(good.as_uri(), str(dest), md5=digest)
-    assert dest.read_text() == "one\ntwo\n"
+    fetch.fetch(good.as_uri(), str(dest), expect)
+    assert dest.read_bytes() == data
     good.write_text("changed\n")  # a finished file is reused, not fetched again
-    corpora.fetch(good.as_uri(), str(dest), md5=digest)
-    assert dest.read_text() == "one\ntwo\n"
-    with pytest.raises(corpora.DataError, match="at least 100"):
-        corpora.fetch(good.as_uri(), str(tmp_path / "small"), min_size=100)
-    with pytest.raises(corpora.NotFound):
-        corpora.fetch((tmp_path / "missing").as_uri(), str(tmp_path / "x"))
+    fetch.fetch(good.as_uri(), str(dest), expect)
+    assert dest.read_bytes() == data
+    with pytest.raises(DataError, match="at least 100"):
+        fetch.fetch(good.as_uri(), str(tmp_path / "small"), min_size=100)
+    with pytest.raises(common.NotFound):
+        fetch.fetch((tmp_path / "missing").as_uri(), str(tmp_path / "x"))
     assert sorted(os.listdir(tmp_path)) == ["cache", "good.txt"]
+
+
+def test_published_checksums_match_the_real_iwslt_test_files():
+    """The four IWSLT'15 dev/test files of ../shared/data are byte-identical to Stanford's: their
+    sizes and digests must be the published ones (the train files are not there)."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
+                          "iwslt15-en-vi")
+    if not os.path.isdir(folder):
+        pytest.skip("../shared/data/iwslt15-en-vi is absent (real data is only on development machines)")
+    for name in ("tst2012.en", "tst2012.vi", "tst2013.en", "tst2013.vi"):
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        pub = sources.PUBLISHED[name]
+        assert (len(data), hashlib.sha256(data).hexdigest(), hashlib.md5(data).hexdigest()) == (pub.size, pub.sha256, pub.md5)
 
 
 def write_split_dir(folder, src, tgt, data):
@@ -70,7 +101,7 @@ def test_tokenize_filters_train_by_length_only(tmp_path):
     data = {"train": [("a b", "c d"), (long, "x"), ("y", long), ("", "z"), ("e  f", "g")],
             "dev": [(long, "x"), ("a", "b")], "test": [("a", long)]}
     write_split_dir(tmp_path / "in", "xx", "yy", data)
-    counts = corpora.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "xx", "yy", raw=False, max_len=5)
+    counts = tokenize.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "xx", "yy", raw=False, max_len=5)
     assert counts == {"train": {"input": 5, "kept": 2}, "valid": {"input": 2, "kept": 2}, "test": {"input": 1, "kept": 1}}
     assert (tmp_path / "tok/train.xx").read_text() == "a b\ne f\n"
     assert (tmp_path / "tok/train.yy").read_text() == "c d\ng\n"
@@ -78,10 +109,22 @@ def test_tokenize_filters_train_by_length_only(tmp_path):
     assert json.loads((tmp_path / "tok/counts.json").read_text())["lines"] == counts
 
 
+@pytest.mark.parametrize("raw", [False, True])
+def test_tokenize_keeps_sentences_with_odd_separators_whole(tmp_path, raw):
+    data = {s: [(f"word{c}{s} {i} .", f"mot{c}{s} {i} .") for i, c in enumerate(ODD)] for s in ("train", "dev", "test")}
+    write_split_dir(tmp_path / "in", "en", "fr", data)
+    counts = tokenize.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "en", "fr", raw=raw, max_len=250)
+    assert counts["test"] == {"input": len(ODD), "kept": len(ODD)}
+    for lang, word in (("en", "word"), ("fr", "mot")):
+        out = (tmp_path / f"tok/test.{lang}").read_bytes().decode()
+        # one line per sentence, in order, the separator now a plain space
+        assert out == "".join(f"{word} test {i} .\n" for i in range(len(ODD)))
+
+
 def test_tokenize_raw_uses_moses_without_escaping(tmp_path):
     data = {s: [("Don't stop, \"now\".", "L'homme (vieux) & co.")] for s in ("train", "dev", "test")}
     write_split_dir(tmp_path / "in", "en", "fr", data)
-    corpora.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "en", "fr", raw=True, max_len=250)
+    tokenize.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "en", "fr", raw=True, max_len=250)
     assert (tmp_path / "tok/test.en").read_text() == "Don 't stop , \" now \" .\n"
     assert (tmp_path / "tok/test.fr").read_text() == "L' homme ( vieux ) & co .\n"
 
@@ -90,20 +133,20 @@ def test_tokenize_rejects_misaligned_and_missing(tmp_path):
     data = {s: [("a", "b"), ("c", "d")] for s in ("train", "dev", "test")}
     write_split_dir(tmp_path / "in", "xx", "yy", data)
     (tmp_path / "in/dev.yy").write_text("b\n")
-    with pytest.raises(corpora.DataError, match=r"misaligned source/target line counts \(2 vs 1\)"):
-        corpora.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "xx", "yy", raw=False, max_len=9)
+    with pytest.raises(DataError, match=r"misaligned source/target line counts \(2 vs 1\)"):
+        tokenize.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "xx", "yy", raw=False, max_len=9)
     (tmp_path / "in/dev.yy").unlink()
-    with pytest.raises(corpora.DataError, match=r"missing .*dev\.yy"):
-        corpora.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "xx", "yy", raw=False, max_len=9)
+    with pytest.raises(DataError, match=r"missing .*dev\.yy"):
+        tokenize.tokenize_dir(str(tmp_path / "in"), str(tmp_path / "tok"), "xx", "yy", raw=False, max_len=9)
     assert sorted(os.listdir(tmp_path)) == ["in"]  # nothing half-written
 
 
 def test_check_counts_strict_and_reported(capsys):
     data = {"train": [1, 2], "dev": [1], "test": [1]}
-    assert corpora.check_counts(data, {"train": 2, "dev": None, "test": 1}, True, "x") == {"train": 2, "dev": 1, "test": 1}
-    with pytest.raises(corpora.DataError, match="train: 2 lines, expected 3"):
-        corpora.check_counts(data, {"train": 3}, True, "x")
-    corpora.check_counts(data, {"train": 3}, False, "x")
+    assert download.check_counts(data, {"train": 2, "dev": None, "test": 1}, True, "x") == {"train": 2, "dev": 1, "test": 1}
+    with pytest.raises(DataError, match="train: 2 lines, expected 3"):
+        download.check_counts(data, {"train": 3}, True, "x")
+    download.check_counts(data, {"train": 3}, False, "x")
     assert "train: 2 lines, expected 3" in capsys.readouterr().err
 
 
@@ -111,7 +154,8 @@ def test_shell_config():
     lines = dict(line.split("=", 1) for line in corpora.shell_config("gl-en").splitlines())
     assert lines["known"] == "1" and lines["src"] == "gl" and lines["tgt"] == "en"
     assert lines["bpe_merges"] == "3000" and lines["tokenized"] == "true" and lines["expected_train"] == "10017"
-    assert corpora.shell_config("xx-yy") == "known=0"
+    # a pair without a config: the base recipe's data settings, and prepare.sh asks for --tokenized/--raw
+    assert corpora.shell_config("xx-yy").splitlines() == ["known=0", "max_len=250", "bpe=fastbpe", "bpe_merges=8000"]
 
 
 # ---------------------------------------------------------------- demo corpus

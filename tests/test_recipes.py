@@ -1,4 +1,5 @@
 """configs/*.yaml training recipes -> fairseq-train / fairseq-generate command lines, and scripts/train.sh."""
+import json
 import math
 import os
 import re
@@ -33,7 +34,7 @@ def test_every_pair_has_the_recipe_sections():
 
 
 def test_every_recipe_value_has_a_source_comment():
-    for pair in PAIRS:
+    for pair in PAIRS + ["base"]:
         lines = open(os.path.join(recipes.CONFIG_DIR, f"{pair}.yaml")).read().splitlines()
         section = None
         for line in lines:
@@ -133,8 +134,8 @@ def test_generate_args_parse_with_fairseq():
 
 
 def _cli(*argv):
-    # as scripts/train.sh runs it (a script: `-m` would import fairseq through the package first)
-    return subprocess.run(["python", os.path.join(tiny.REPO, "qknorm_fairseq", "recipes.py"), *argv],
+    # as scripts/train.sh runs it
+    return subprocess.run(["python", "-m", "qknorm_fairseq.recipes", *argv],
                           capture_output=True, text=True, cwd=tiny.REPO, env=tiny.env())
 
 
@@ -193,3 +194,25 @@ def test_train_sh_trains_and_writes_the_log(tmp_path):
     # the same command again is skipped (resuming is fairseq's, from checkpoint_last.pt: test_lr_scheduler)
     p = _train_sh("demo", "postnorm", *extra, **roots)
     assert p.returncode == 0 and "already trained with this command" in p.stderr
+
+
+def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, monkeypatch, capsys):
+    """tests/data/recipes_golden.json: the CLI outputs captured from the six full configs before
+    they became base.yaml + per-pair differences; every system, schedule, stopping rule and key."""
+    from qknorm_fairseq import corpora
+
+    monkeypatch.setenv("DATA_BIN", str(tmp_path))  # no prepared data: the recipes alone
+    golden = json.loads(open(os.path.join(tiny.REPO, "tests", "data", "recipes_golden.json")).read())
+    assert sorted(golden) == PAIRS
+    checked = 0
+    for pair, outputs in golden.items():
+        for call, expected in outputs.items():
+            words = call.split()
+            if words[0] == "corpora":
+                corpora.main(["config", "--pair", pair])
+            else:
+                recipes.main([words[0], pair, *words[1:]])
+            got = capsys.readouterr().out.strip().replace(recipes.USER_DIR, "USER_DIR")
+            assert got == expected, f"{call} {pair}"
+            checked += 1
+    assert checked == 209

@@ -1,0 +1,13 @@
+"""Corpus tools behind scripts/download.sh and scripts/prepare.sh (command line: qknorm_fairseq.corpora).
+
+    common    errors, log lines, the split names, reading text on "\\n" only, atomic folders
+    sources   where each pair's data lives and the published size / checksums of its files
+    fetch     download with retries, resume, progress and verification
+    readers   TED tsv / parquet / archive readers (the TED reader's rules)
+    download  try each source in turn, check the counts, write data/PAIR/raw/
+    tokenize  alignment check, Moses tokenization, train length filter
+    spm       the SentencePiece alternative to fastBPE
+    stats     data-bin/PAIR/stats.json
+
+None of them imports fairseq.
+"""

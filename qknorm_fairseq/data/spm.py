@@ -1,0 +1,23 @@
+"""prepare.sh stage 2 with --bpe sentencepiece: a joint SentencePiece BPE model instead of fastBPE."""
+import os
+
+from .common import read_lines, write_lines
+
+
+def spm_encode_dir(tok_dir, bpe_dir, src, tgt, vocab_size):
+    """Model learned on train (both sides) -> BPE_DIR/{split}.{lang} as pieces and
+    BPE_DIR/spm.model / spm.vocab. Writes into BPE_DIR, which the caller makes atomic."""
+    import sentencepiece as spm
+
+    os.makedirs(bpe_dir, exist_ok=True)
+    train_files = [os.path.join(tok_dir, f"train.{lang}") for lang in (src, tgt)]
+    prefix = os.path.join(bpe_dir, "spm")
+    spm.SentencePieceTrainer.train(
+        input=",".join(train_files), model_prefix=prefix, vocab_size=vocab_size, model_type="bpe",
+        character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+        bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1)
+    sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+    for split in ("train", "valid", "test"):
+        for lang in (src, tgt):
+            lines = read_lines(os.path.join(tok_dir, f"{split}.{lang}"))
+            write_lines(os.path.join(bpe_dir, f"{split}.{lang}"), [" ".join(sp.encode(x, out_type=str)) for x in lines])

@@ -1,0 +1,70 @@
+"""prepare.sh's last stage: data-bin/PAIR/stats.json, what every later stage reads about the data
+(the segmentation and how to undo it, sizes, QKNorm's L, the target vocabulary)."""
+import json
+import os
+
+from .. import data_stats
+from .common import DataError
+
+# fairseq's --remove-bpe / --eval-bleu-remove-bpe value that undoes each segmentation
+REMOVE_BPE = {"fastbpe": "@@ ", "sentencepiece": "sentencepiece"}
+
+
+def read_stats(data_bin):
+    """DATA_BIN/stats.json as a dict, or None when the pair is not prepared."""
+    path = os.path.join(data_bin, "stats.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _count_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _tokens(path):
+    with open(path, encoding="utf-8") as f:
+        return sum(len(line.split()) for line in f)
+
+
+def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, percentile=97.5):
+    with open(os.path.join(tok_dir, "counts.json")) as f:
+        tok_counts = json.load(f)
+    lines, tokens = {}, {}
+    for split in ("train", "valid", "test"):
+        binarized = {lang: len(data_stats.read_sizes(data_stats.split_prefix(data_bin, split, src, tgt, lang)))
+                     for lang in (src, tgt)}
+        tok_lines = _count_lines(os.path.join(tok_dir, f"{split}.{src}"))
+        if set(binarized.values()) != {tok_lines}:
+            raise DataError(f"{data_bin}: binarized {split} has {binarized} lines, tokenized text "
+                            f"{tok_lines}: rerun scripts/prepare.sh with --force")
+        lines[split] = {"input": tok_counts["lines"][split]["input"], "kept": tok_lines}
+        tokens[split] = {lang: {"words": _tokens(os.path.join(tok_dir, f"{split}.{lang}")),
+                                "subwords": _tokens(os.path.join(bpe_dir, f"{split}.{lang}"))}
+                         for lang in (src, tgt)}
+    tgt_types = set()
+    with open(os.path.join(bpe_dir, f"train.{tgt}"), encoding="utf-8") as f:
+        for line in f:
+            tgt_types.update(line.split())
+    with open(os.path.join(data_bin, f"dict.{src}.txt"), encoding="utf-8") as f:
+        dict_size = sum(1 for _ in f)
+    length = data_stats.length_percentile(data_bin, src, tgt, percentile, "train")
+    stats = {
+        "pair": pair, "src": src, "tgt": tgt, "bpe": bpe, "bpe_size": bpe_size,
+        "remove_bpe": REMOVE_BPE[bpe],
+        "max_len": tok_counts["max_len"], "raw_input": tok_counts["raw_input"],
+        "lines": lines, "tokens": tokens,
+        # counted in BPE tokens + EOS, over source and target sides of the binarized train split
+        f"length_p{percentile:g}": length,
+        "qknorm_g0": data_stats.g0_from_length(length) if length > 1 else None,
+        "dict_size": dict_size,  # fairseq's dictionary: 4 specials + types (+ padding to a multiple of 8)
+        "target_vocab_size": len(tgt_types),
+        "target_vocab": sorted(tgt_types),  # types seen on the target side of train (logit masking)
+    }
+    tmp = os.path.join(data_bin, f"stats.json.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=1, ensure_ascii=False)
+    os.replace(tmp, os.path.join(data_bin, "stats.json"))
+    return stats
