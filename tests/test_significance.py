@@ -3,6 +3,7 @@ import random
 
 import numpy as np
 import pytest
+import sacrebleu
 
 from qknorm_fairseq.scoring import bleu
 import itertools
@@ -62,7 +63,11 @@ def test_seed_reproducible_and_sacrebleu_metric():
     _, _, st_b, _ = bleu.sacrebleu_score(b, [refs])
     fn = lambda row: metric._compute_score_from_stats(list(row)).score  # noqa: E731
     r = paired_bootstrap(st_a, st_b, n_samples=100, seed=7, score_fn=fn)
-    assert 0 < r["p_value"] <= 1
+    # the same resamples scored from scratch by sacrebleu.corpus_bleu
+    idx = np.random.default_rng(7).integers(0, len(refs), size=(100, len(refs)))
+    score = lambda hyps, i: sacrebleu.corpus_bleu([hyps[j] for j in i], [[refs[j] for j in i]]).score  # noqa: E731
+    not_better = sum(score(a, i) <= score(b, i) for i in idx)
+    assert r["p_value"] == pytest.approx((not_better + 1) / 101)
     assert r == paired_bootstrap(st_a, st_b, n_samples=100, seed=7, score_fn=fn)
 
 
