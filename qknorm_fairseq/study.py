@@ -53,6 +53,7 @@ def load(path):
     for key in ("name", "pair", "source_dir", "seeds", "model", "budget", "dev_bleu", "systems", "stock"):
         if key not in cfg:
             raise StudyError(f"{path}: no {key!r} (see configs/studies/gl-en.yaml)")
+    cfg["config"] = shareable(path)
     return cfg
 
 
@@ -250,6 +251,8 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
     if not os.path.isfile(compare_json):
         raise StudyError(f"no test table {compare_json!r}: evaluate the runs first (bash scripts/study.sh)")
     table = compare.read(compare_json)
+    for row in table["rows"]:
+        row["published"] = []  # the papers' numbers are on another split of the corpus
     seeds = int(seeds or cfg["seeds"])
     runs = collect(cfg, log_dir, systems or all_systems(cfg), seeds)
     n, warmup, interval = budget(cfg, max_update)
@@ -261,7 +264,7 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
     lines = [f"# {cfg['name']}: TED gl→en, {len(runs)} systems × {seeds} seed(s)", "",
              f"Command: `{command or 'bash scripts/study.sh'}`  ",
              f"Machine: {machine()}  ", f"Date: {datetime.now().astimezone().isoformat(timespec='seconds')}  ",
-             f"Settings: configs/studies/ ({cfg['name']}); d = {m['embed_dim']}, {m['layers']}+{m['layers']} layers, "
+             f"Settings: {cfg['config']}; d = {m['embed_dim']}, {m['layers']}+{m['layers']} layers, "
              f"{m['heads']} heads, ffn {m['ffn_dim']}; {n} updates of at most 4,096 tokens; warmup {warmup}; "
              f"greedy dev BLEU every {interval} updates; test: scripts/evaluate.sh (beam 4, GNMT α 0.6) for every "
              f"system. Data: {cfg['source_dir']} (its own split, not the papers').", "",

@@ -109,8 +109,7 @@ if [[ $report_only == 0 ]]; then
 fi
 
 log "test table: $RESULTS_DIR/$pair/compare.md"
-python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR" --lang "$(recipe "$pair" tgt)" \
-  --baseline postnorm >/dev/null
+python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR" --lang "$(recipe "$pair" tgt)" >/dev/null
 # shellcheck disable=SC2086
 study report "$config" --log-dir "$LOG_DIR" --compare "$RESULTS_DIR/$pair/compare.json" --out "$RESULTS_DIR" \
   --systems $systems --seeds "$seeds" "${budget_args[@]}" --command "$invocation"

@@ -144,7 +144,8 @@ def test_report_tables_and_curves(tmp_path):
     rows = {r["system"]: r for r in table["rows"]}
     p = rows["postnorm"]
     assert f"| postnorm | {p['multi_bleu']:.2f} ± {p['multi_bleu_sd']:.2f} |" in text
-    assert "Command: `bash scripts/study.sh`" in text
+    assert "Command: `bash scripts/study.sh`" in text and "Settings: configs/studies/gl-en.yaml;" in text
+    assert "published" not in text  # the papers' split differs: no published columns
     res = json.load(open(tmp_path / "out" / "study.json"))
     assert res["runs"]["postnorm"]["2"]["curve"][1] == {"updates": 20, "wall_s": 20, "bleu": 2.5}
     with open(png, "rb") as f:
