@@ -15,8 +15,8 @@ output, whose lines carry timestamps, to the run's train.log, after a `# DATE CO
 every (re)start. Each start is one segment; its time is its last timestamp minus its first, and a
 run's wall time is the sum over its segments (training, validation and checkpoint saving;
 Python's start-up before fairseq's first line is not counted). fairseq's own "wall" field is not
-used: it restarts at every resumption, and after a resumption mid-epoch fairseq restores its
-stopwatch without a start time, so it then logs 0. A validation's place on the time axis is
+used: it restarts at every resumption, and after a resumption mid-epoch it would read 0 (in
+fairseq 0.12's code, StopwatchMeter.load_state_dict drops the start time; not observed here). A validation's place on the time axis is
 the time of the segments before it plus its offset in its own segment; when a resumed run
 validates an update again, the later validation is kept.
 """
