@@ -1,8 +1,8 @@
-"""Speed and memory of every preset against fairseq's `transformer`, and the convergence report.
+"""Speed and memory of every preset against fairseq's `transformer` (convergence on real data:
+qknorm_fairseq/study.py).
 
     python -m qknorm_fairseq.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
     python -m qknorm_fairseq.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5]
-    python -m qknorm_fairseq.benchmark convergence --work DIR --systems postnorm scalenorm qknorm --out PREFIX
 
 `speed` builds every model in one process (same synthetic corpus, dictionary, batch, dimensions and
 dropout) and measures them interleaved, the order rotating each repetition:
@@ -31,7 +31,7 @@ from datetime import datetime
 
 import torch
 
-from .paths import shareable
+from .paths import cpu_name, shareable
 
 STOCK = "transformer"
 PRESETS = ["qknorm_transformer", "transformer_postnorm", "transformer_prenorm", "transformer_fixnorm",
@@ -256,13 +256,7 @@ def measure_decode(entry, sample, opts):
 def machine_info(opts):
     import fairseq
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+    info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
             "torch": torch.__version__, "fairseq": fairseq.__version__, "device": opts.device, "dtype": opts.dtype,
             "load_average_start": list(os.getloadavg())}
@@ -460,81 +454,6 @@ def cmd_kernels(opts):
     return times
 
 
-# ---------------------------------------------------------------- convergence report
-
-def read_valid_log(path, start):
-    """(updates, wall-clock seconds since `start`, dev BLEU) for every validation in fairseq-train's
-    console output (--log-format json)."""
-    points = []
-    with open(path) as f:
-        for line in f:
-            if "| valid |" not in line:
-                continue
-            stamp, _, payload = line.partition(" | ")
-            stats = json.loads(line[line.index("{"):])
-            when = datetime.strptime(stamp.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
-            if "valid_bleu" not in stats:
-                raise SystemExit(f"{path}: validation without valid_bleu; train with --eval-bleu")
-            points.append({"updates": int(stats["valid_num_updates"]), "wall_s": round(when - start, 1),
-                           "bleu": float(stats["valid_bleu"]), "valid_loss": float(stats["valid_loss"])})
-    return points
-
-
-def cmd_convergence(opts):
-    curves = {}
-    for sys_name in opts.systems:
-        folder = os.path.join(opts.work, sys_name)
-        # fairseq's console output: its lines carry timestamps, those of --log-file do not
-        log_path, start_path = os.path.join(folder, "stdout.log"), os.path.join(folder, "start_time")
-        for p in (log_path, start_path):
-            if not os.path.exists(p):
-                raise SystemExit(f"{p} is missing: run `bash scripts/benchmark.sh --convergence` first")
-        with open(start_path) as f:
-            start = float(f.read())
-        curves[sys_name] = read_valid_log(log_path, start)
-        if not curves[sys_name]:
-            raise SystemExit(f"{log_path} has no validation yet")
-    res = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "work": opts.work,
-           "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-           "curves": curves}
-    if opts.settings:
-        res["settings"] = opts.settings
-    os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
-    write_atomic(opts.out + ".json", json.dumps(res, indent=1) + "\n")
-    lines = ["# Convergence on TED gl->en (dev BLEU)", "", f"Date: {res['date']}  ",
-             f"Settings: {opts.settings or 'see scripts/benchmark.sh --convergence'}", "",
-             "| system | updates | wall-clock s | dev BLEU | dev loss |", "|---|---|---|---|---|"]
-    for name, pts in curves.items():
-        lines += [f"| {name} | {p['updates']} | {p['wall_s']:.0f} | {p['bleu']:.2f} | {p['valid_loss']:.3f} |"
-                  for p in pts]
-    write_atomic(opts.out + ".md", "\n".join(lines) + "\n")
-    plot_convergence(curves, opts.out + ".png")
-    print("\n".join(lines))
-
-
-def plot_convergence(curves, out):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for name, pts in curves.items():
-        axes[0].plot([p["updates"] for p in pts], [p["bleu"] for p in pts], marker="o", label=name)
-        axes[1].plot([p["wall_s"] for p in pts], [p["bleu"] for p in pts], marker="o", label=name)
-    axes[0].set_xlabel("updates")
-    axes[1].set_xlabel("wall-clock (s, validation included)")
-    for ax in axes:
-        ax.set_ylabel("dev BLEU")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("TED gl->en dev BLEU")
-    fig.tight_layout()
-    tmp = f"{out}.tmp.{os.getpid()}.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, out)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -569,11 +488,6 @@ def main(argv=None):
     k.add_argument("--reps", type=int, default=5)
     k.add_argument("--threads", type=int, default=1)
     k.add_argument("--out", help="also write OUT.md")
-    c = sub.add_parser("convergence", help="dev BLEU vs updates and wall-clock from the convergence runs")
-    c.add_argument("--work", required=True, help="folder with one sub-folder per system (stdout.log, start_time)")
-    c.add_argument("--systems", nargs="+", required=True)
-    c.add_argument("--settings", help="free text describing the run, copied into the report")
-    c.add_argument("--out", default="results/convergence", help="writes OUT.json, OUT.md and OUT.png")
     opts = p.parse_args(argv)
     for k in ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam",
               "reps", "vocab", "tokens", "iters"):
@@ -583,9 +497,7 @@ def main(argv=None):
         if opts.dim % opts.heads:
             p.error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
         return cmd_speed(opts)
-    if opts.cmd == "kernels":
-        return cmd_kernels(opts)
-    return cmd_convergence(opts)
+    return cmd_kernels(opts)
 
 
 if __name__ == "__main__":

@@ -43,20 +43,13 @@ def parse_log(path):
     seen = set()
     with open(path, encoding="utf-8") as f:
         for line in f:
-            i = line.find('{"')
-            if i < 0:
-                continue
-            try:
-                rec = json.loads(line[i:])
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(rec, dict):
+            rec = parse_record(line)
+            if rec is None:
                 continue
             key = json.dumps(rec, sort_keys=True)
             if key in seen:
                 continue
             seen.add(key)
-            rec = {k: _num(v) for k, v in rec.items()}
             if "valid_loss" in rec:
                 out["valid"].append(rec)
             elif "train_loss" in rec:
@@ -64,6 +57,20 @@ def parse_log(path):
             elif "loss" in rec and "num_updates" in rec:
                 out["train_inner"].append(rec)
     return out
+
+
+def parse_record(line):
+    """The JSON object of one fairseq log line (numeric strings converted), or None."""
+    i = line.find('{"')
+    if i < 0:
+        return None
+    try:
+        rec = json.loads(line[i:])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(rec, dict):
+        return None
+    return {k: _num(v) for k, v in rec.items()}
 
 
 def _num(v):

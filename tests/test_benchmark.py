@@ -4,7 +4,6 @@ import os
 import re
 import statistics
 import subprocess
-from datetime import datetime
 
 import pytest
 
@@ -40,37 +39,6 @@ def test_speed_rejects_bad_settings(tmp_path, capsys):
     assert "--dim 30 must be divisible by --heads 4" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="unknown preset"):
         benchmark.main(["speed", *TINY, "--archs", "transformer_nope", "--out", str(tmp_path / "b")])
-
-
-def test_convergence_report_from_fairseq_logs(tmp_path):
-    work = tmp_path / "work"
-    for name, bleus in (("postnorm", [1.5, 4.0]), ("qknorm", [2.0, 5.5])):
-        (work / name).mkdir(parents=True)
-        (work / name / "start_time").write_text(f"{datetime(2025, 1, 1, 12).timestamp()}\n")
-        lines = ['2025-01-01 12:00:05 | INFO | train_inner | {"num_updates": "10", "loss": "9.1"}']
-        for i, b in enumerate(bleus):
-            lines.append(f'2025-01-01 12:0{i + 1}:00 | INFO | valid | {{"valid_loss": "{8 - i}.5", '
-                         f'"valid_bleu": "{b}", "valid_num_updates": "{(i + 1) * 75}"}}')
-        (work / name / "stdout.log").write_text("\n".join(lines) + "\n")
-    benchmark.main(["convergence", "--work", str(work), "--systems", "postnorm", "qknorm", "--out",
-                    str(tmp_path / "conv")])
-    res = json.loads((tmp_path / "conv.json").read_text())
-    assert res["curves"]["qknorm"] == [{"updates": 75, "wall_s": 60.0, "bleu": 2.0, "valid_loss": 8.5},
-                                       {"updates": 150, "wall_s": 120.0, "bleu": 5.5, "valid_loss": 7.5}]
-    assert [p["bleu"] for p in res["curves"]["postnorm"]] == [1.5, 4.0]
-    assert (tmp_path / "conv.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| qknorm | 150 | 120 | 5.50 | 7.500 |" in (tmp_path / "conv.md").read_text()
-
-
-def test_convergence_needs_bleu_logs(tmp_path):
-    (tmp_path / "w" / "a").mkdir(parents=True)
-    (tmp_path / "w" / "a" / "start_time").write_text("0\n")
-    with pytest.raises(SystemExit, match="stdout.log is missing"):
-        benchmark.main(["convergence", "--work", str(tmp_path / "w"), "--systems", "a", "--out", str(tmp_path / "c")])
-    (tmp_path / "w" / "a" / "stdout.log").write_text(
-        '2025-01-01 12:00:05 | INFO | valid | {"valid_loss": "3", "valid_num_updates": "5"}\n')
-    with pytest.raises(SystemExit, match="without valid_bleu; train with --eval-bleu"):
-        benchmark.main(["convergence", "--work", str(tmp_path / "w"), "--systems", "a", "--out", str(tmp_path / "c")])
 
 
 def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys):

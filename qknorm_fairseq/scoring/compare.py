@@ -225,6 +225,17 @@ def write(table, results_dir):
     return base
 
 
+def read(path):
+    """A table written by `write` (PAIR/compare.json), with the seeds' keys back to integers."""
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+    for r in table["rows"]:
+        if "per_seed" in r:
+            r["per_seed"] = {int(k): v for k, v in r["per_seed"].items()}
+            r["runs"] = {int(k): v for k, v in r["runs"].items()}
+    return table
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

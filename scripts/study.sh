@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The real-data study of issue #13: our normalisation presets and stock fairseq's `transformer`
+# trained on TED gl->en with the same data, model size and number of updates, several seeds each,
+# test decoding alike; a table of test BLEU (mean ± sd over seeds), training wall time per system
+# and dev-BLEU curves against updates and wall time.
+#   bash scripts/study.sh [--config configs/studies/gl-en.yaml] [--systems "a b"] [--seeds N]
+#                         [--max-update N] [--report-only]
+#   --config FILE    the study (default configs/studies/gl-en.yaml: model size, budget, systems,
+#                    seeds, the stock row's recipe; every value commented there)
+#   --systems "..."  a subset of the config's systems (ours and its stock name, fairseq_transformer)
+#   --seeds N        seeds 1..N (default: the config's)
+#   --max-update N   a smaller budget for a smoke run; its runs and results go to folders named
+#                    NAME-uN, apart from the study's
+#   --report-only    rebuild the report from the runs done so far' logs and test scores
+# Steps, each resumable (the study spans sessions; re-run the same command to go on):
+#   1. bash scripts/prepare.sh --pair PAIR --src-dir SOURCE --tokenized into the study's own
+#      $DATA_DIR/NAME and $DATA_BIN/NAME (skipped when done)
+#   2. per seed, per system: train (our systems: scripts/train.sh --seed K PAIR SYSTEM + the
+#      study's flags; stock: plain fairseq-train without --user-dir), resumed from
+#      checkpoint_last.pt, skipped when finished; then scripts/evaluate.sh on the test set
+#   3. the report: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png (python -m qknorm_fairseq.study)
+# Runs: $CKPT_DIR/NAME/PAIR/RUN, logs $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs and the
+# compare table $RESULTS_DIR/NAME/PAIR/ (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
+config=$ROOT/configs/studies/gl-en.yaml systems="" seeds="" max_update="" report_only=0
+invocation="bash scripts/study.sh $*"
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --config) config=${2:?--config needs a file}; shift 2 ;;
+    --systems) systems=${2:?--systems needs a list}; shift 2 ;;
+    --seeds) seeds=${2:?--seeds needs a number}; shift 2 ;;
+    --max-update) max_update=${2:?--max-update needs a number}; shift 2 ;;
+    --report-only) report_only=1; shift ;;
+    *) usage >&2; die "unknown argument: $1 (see --help)" ;;
+  esac
+done
+[[ -f $config ]] || die "no study config $config (see configs/studies/)"
+[[ -z $seeds || $seeds =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive integer, got '$seeds'"
+[[ -z $max_update || $max_update =~ ^[1-9][0-9]*$ ]] || die "--max-update must be a positive integer, got '$max_update'"
+[[ -n ${VIRTUAL_ENV:-} ]] || activate_env
+cd "$ROOT"
+
+study() { python -m qknorm_fairseq.study "$@"; }
+name=$(study get "$config" name) pair=$(study get "$config" pair)
+stock=$(study get "$config" stock.name)
+all="$(study get "$config" systems) $stock"
+systems=${systems:-$all}
+for s in $systems; do [[ " $all " == *" $s "* ]] || die "--systems: '$s' is not in $config (have: $all)"; done
+seeds=${seeds:-$(study get "$config" seeds)}
+budget_args=()
+if [[ -n $max_update ]]; then name=$name-u$max_update budget_args=(--max-update "$max_update"); fi
+n_updates=${max_update:-$(study get "$config" budget.max_update)}
+src_dir=$(study get "$config" source_dir)
+[[ $src_dir == /* ]] || src_dir=$ROOT/$src_dir
+
+# The study's own folders, so that its data and runs never mix with the papers' recipe runs.
+export DATA_DIR=$DATA_DIR/$name DATA_BIN=$DATA_BIN/$name CKPT_DIR=$CKPT_DIR/$name LOG_DIR=$LOG_DIR/$name
+export RESULTS_DIR=$RESULTS_DIR/$name
+# shellcheck disable=SC2086
+set -- $systems
+n_runs=$(( $# * seeds )) i=0
+
+train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped when finished
+  local seed=$1 run=$2 save_dir=$CKPT_DIR/$pair/$2 log_dir=$LOG_DIR/$pair/$2 line sig cmd device=()
+  has_gpu || device=(--cpu)
+  line=$(study stock-args "$config" --data-bin "$DATA_BIN/$pair" --save-dir "$save_dir" --seed "$seed" \
+         "${budget_args[@]}") || die "study stock-args failed"
+  eval "cmd=(fairseq-train $line ${device[*]})"
+  sig=$(printf '%q ' "${cmd[@]}" | sha1sum | cut -d' ' -f1)
+  if [[ -f $save_dir/.done && $(cat "$save_dir/.done") == "$sig" ]]; then
+    log "$pair/$run already trained with this command ($save_dir)"; return 0
+  fi
+  mkdir -p "$save_dir" "$log_dir"
+  printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "${cmd[@]}")" >>"$log_dir/train.log"
+  "${cmd[@]}" 2>&1 | tee -a "$log_dir/train.log"
+  printf '%s\n' "$sig" >"$save_dir/.done.tmp" && mv -f "$save_dir/.done.tmp" "$save_dir/.done"
+}
+
+if [[ $report_only == 0 ]]; then
+  for f in train dev test; do for l in ${pair%-*} ${pair#*-}; do
+    [[ -f $src_dir/$f.$l ]] || die "missing $src_dir/$f.$l: the study needs the shared TED corpus there (source_dir in $config)"
+  done; done
+  log "study $name: systems ($systems), seeds 1..$seeds, $n_updates updates each; $n_runs runs"
+  bash "$ROOT/scripts/prepare.sh" --pair "$pair" --src-dir "$src_dir" --tokenized
+  for seed in $(seq 1 "$seeds"); do
+    for system in $systems; do
+      i=$((i + 1))
+      run=$system; (( seed > 1 )) && run=${system}_seed$seed
+      label="run $i/$n_runs $run"
+      log "$label: training (log: $LOG_DIR/$pair/$run/train.log)"
+      if [[ $system == "$stock" ]]; then
+        train_stock "$seed" "$run" 2>&1 | study follow --label "$label" --max-update "$n_updates" \
+          || die "$label: training failed, see $LOG_DIR/$pair/$run/train.log"
+      else
+        line=$(study train-flags "$config" "$system" --data-bin "$DATA_BIN/$pair" "${budget_args[@]}") \
+          || die "study train-flags failed"
+        eval "flags=($line)"
+        bash "$ROOT/scripts/train.sh" --seed "$seed" "$pair" "$system" "${flags[@]}" 2>&1 \
+          | study follow --label "$label" --max-update "$n_updates" \
+          || die "$label: training failed, see $LOG_DIR/$pair/$run/train.log"
+      fi
+      log "$label: decoding the test set"
+      bash "$ROOT/scripts/evaluate.sh" "$pair" "$run" >/dev/null || die "$label: evaluation failed (see above)"
+    done
+  done
+fi
+
+log "test table: $RESULTS_DIR/$pair/compare.md"
+python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR" --lang "$(recipe "$pair" tgt)" >/dev/null
+# shellcheck disable=SC2086
+study report "$config" --log-dir "$LOG_DIR" --compare "$RESULTS_DIR/$pair/compare.json" --out "$RESULTS_DIR" \
+  --systems $systems --seeds "$seeds" "${budget_args[@]}" --command "$invocation"
+cat "$RESULTS_DIR/study.md"

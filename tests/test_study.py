@@ -1,0 +1,204 @@
+"""The gl->en study (qknorm_fairseq/study.py, scripts/study.sh): wall time and dev-BLEU curves
+from fairseq logs across resumptions, the training flags, the report, and a smoke run (slow)."""
+import json
+import os
+import random
+import subprocess
+
+import pytest
+import yaml
+
+from _eval_tiny import REPO, pipeline_env
+from qknorm_fairseq import recipes, study
+from qknorm_fairseq.scoring import compare
+
+CONFIG = os.path.join(REPO, "configs", "studies", "gl-en.yaml")
+
+
+def _line(stamp, kind, record):
+    return f"2026-01-01 {stamp} | INFO | {kind} | {json.dumps({k: str(v) for k, v in record.items()})}\n"
+
+
+# A run started at 12:00, killed at 12:03:10 just after validating update 40 (before its checkpoint
+# was written), resumed at 13:00 from update 20, finished at 13:02:20; a third start crashed before
+# fairseq wrote anything. fairseq's own "wall" restarts in the second segment.
+RESUMED = (
+    "# 2026-01-01T12:00:00Z python -m qknorm_fairseq.train data-bin --user-dir x\n"
+    "2026-01-01 12:00:05 | INFO | fairseq_cli.train | task: TranslationQKTask\n"
+    + _line("12:01:05", "train_inner", {"num_updates": 10, "loss": 9.0, "wall": 60})
+    + _line("12:02:05", "valid", {"valid_loss": 8.0, "valid_bleu": 1.5, "valid_num_updates": 20, "wall": 120})
+    + _line("12:03:05", "valid", {"valid_loss": 7.0, "valid_bleu": 2.0, "valid_num_updates": 40, "wall": 180})
+    + "2026-01-01 12:03:10 | INFO | fairseq.checkpoint_utils | Preparing to save checkpoint for update 40\n"
+    "# 2026-01-01T13:00:00Z python -m qknorm_fairseq.train data-bin --user-dir x\n"
+    "2026-01-01 13:00:10 | INFO | fairseq.trainer | Loaded checkpoint checkpoint_last.pt (epoch 1 @ 20 updates)\n"
+    + _line("13:01:10", "valid", {"valid_loss": 6.5, "valid_bleu": 2.5, "valid_num_updates": 40, "wall": 0})
+    + _line("13:02:10", "valid", {"valid_loss": 6.0, "valid_bleu": 3.0, "valid_num_updates": 60, "wall": 0})
+    + "2026-01-01 13:02:20 | INFO | fairseq_cli.train | done training in 130.0 seconds\n"
+    "# 2026-01-01T14:00:00Z python -m qknorm_fairseq.train data-bin --user-dir x\n"
+)
+
+
+def test_wall_time_is_summed_over_resumptions(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(RESUMED)
+    run = study.read_run(str(log))
+    # segment 1: 12:00:05 -> 12:03:10 = 185 s; segment 2: 13:00:10 -> 13:02:20 = 130 s; segment 3: none
+    assert run["wall_s"] == 315 and run["segments"] == 3 and run["updates"] == 60
+    # update 40 was validated twice: the resumed run's validation is kept, at 185 + 60 s
+    assert run["curve"] == [{"updates": 20, "wall_s": 120, "bleu": 1.5},
+                            {"updates": 40, "wall_s": 245, "bleu": 2.5},
+                            {"updates": 60, "wall_s": 305, "bleu": 3.0}]
+    assert run["commands"][0] == "python -m qknorm_fairseq.train data-bin --user-dir x"
+
+
+def test_log_not_written_by_the_scripts_is_refused(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(_line("12:00:00", "valid", {"valid_loss": 1, "valid_bleu": 1, "valid_num_updates": 1}))
+    with pytest.raises(study.StudyError, match="before the first '# DATE COMMAND' line"):
+        study.read_run(str(log))
+    with pytest.raises(study.StudyError, match="train the run first"):
+        study.read_run(str(tmp_path / "none.log"))
+
+
+def test_flags_follow_the_config():
+    cfg = study.load(CONFIG)
+    n, warmup, every = cfg["budget"]["max_update"], None, cfg["budget"]["validate_every"]
+    warmup = round(n * cfg["budget"]["warmup_fraction"])
+    flags = study.train_flags(cfg, "qknorm")
+    value = {flags[i]: flags[i + 1] for i in range(0, len(flags), 2)}
+    assert value["--max-update"] == str(n) and value["--warmup-updates"] == str(warmup)
+    assert value["--validate-interval-updates"] == value["--save-interval-updates"] == str(every)
+    # TwT's peak for the study's d and warmup (the gl-en recipe's lambda = 1)
+    assert float(value["--lr"]) == pytest.approx(256 ** -0.5 * warmup ** -0.5, rel=1e-5)
+    assert json.loads(value["--eval-bleu-args"]) == {"beam": 1, "max_len_a": 1, "max_len_b": 50}
+    assert value["--encoder-embed-dim"] == "256" and value["--decoder-layers"] == "3"
+    # a smoke budget scales warmup and validation interval with it
+    small = study.train_flags(cfg, "qknorm", max_update=20)
+    small = {small[i]: small[i + 1] for i in range(0, len(small), 2)}
+    assert small["--max-update"] == "20" and small["--warmup-updates"] == "5"
+    assert small["--validate-interval-updates"] == str(round(20 * every / n))
+    with pytest.raises(study.StudyError, match="not one of the study's systems"):
+        study.train_flags(cfg, "dnas")
+
+
+def test_stock_row_is_plain_fairseq_with_its_own_recipe():
+    cfg = study.load(CONFIG)
+    args = study.stock_args(cfg, "data-bin/gl-en", "ckpt", seed=2)
+    joined = " ".join(args)
+    assert "--user-dir" not in args and "translation_qk" not in joined and "--arch transformer " in joined
+    value = {args[i]: args[i + 1] for i in range(1, len(args) - 1) if args[i].startswith("--")}
+    assert value["--adam-betas"] == "(0.9, 0.98)" and value["--lr-scheduler"] == "inverse_sqrt"
+    assert float(value["--lr"]) == 5e-4 and value["--dropout"] == "0.3" and float(value["--weight-decay"]) == 1e-4
+    assert value["--label-smoothing"] == "0.1" and value["--seed"] == "2"
+    assert value["--warmup-updates"] == study.train_flags(cfg, "postnorm")[
+        study.train_flags(cfg, "postnorm").index("--warmup-updates") + 1]
+    assert value["--max-update"] == str(cfg["budget"]["max_update"])
+    assert value["--eval-bleu-remove-bpe"] == recipes.remove_bpe(recipes.load("gl-en"))
+
+
+def _write_runs(log_dir, walls):
+    """train.log of each run: one segment of WALL seconds, validations at 10 and 20 updates."""
+    for run, (wall, bleus) in walls.items():
+        d = log_dir / "gl-en" / run
+        d.mkdir(parents=True)
+        end = f"12:{wall // 60:02d}:{wall % 60:02d}"
+        d.joinpath("train.log").write_text(
+            "# 2026-01-01T12:00:00Z fairseq-train data-bin\n2026-01-01 12:00:00 | INFO | x | start\n"
+            + _line("12:00:10", "valid", {"valid_loss": 5, "valid_bleu": bleus[0], "valid_num_updates": 10})
+            + _line("12:00:20", "valid", {"valid_loss": 4, "valid_bleu": bleus[1], "valid_num_updates": 20})
+            + f"2026-01-01 {end} | INFO | x | done\n")
+
+
+def _write_scores(results, runs):
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(20)]
+    refs = [" ".join(rng.choice(vocab) for _ in range(10)) for _ in range(40)]
+    ref = results / "ref.en"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text("".join(r + "\n" for r in refs))
+    for run, noise in runs.items():
+        d = results / "gl-en" / run
+        d.mkdir(parents=True)
+        d.joinpath("hyp.txt").write_text("".join(
+            " ".join(w if rng.random() > noise else rng.choice(vocab) for w in r.split()) + "\n" for r in refs))
+        d.joinpath("scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu",
+                                                         "detok": "none", "systems": {}}))
+
+
+def test_report_tables_and_curves(tmp_path):
+    cfg = study.load(CONFIG)
+    walls = {"postnorm": (600, [1.0, 2.0]), "postnorm_seed2": (900, [1.5, 2.5]),
+             "fairseq_transformer": (1200, [0.5, 1.0]), "fairseq_transformer_seed2": (1260, [0.7, 1.1])}
+    _write_runs(tmp_path / "logs", walls)
+    _write_scores(tmp_path / "results", {r: 0.3 + i / 20 for i, r in enumerate(walls)})
+    table = compare.build("gl-en", str(tmp_path / "results"), n_samples=50)
+    compare.write(table, str(tmp_path / "results"))
+    md, png = study.report(cfg, str(tmp_path / "logs"), str(tmp_path / "results" / "gl-en" / "compare.json"),
+                           str(tmp_path / "out"), command="bash scripts/study.sh", systems=["postnorm",
+                           "fairseq_transformer"], seeds=2)
+    text = open(md).read()
+    # wall time per run: postnorm 10 and 15 min (mean 12.5, sd 3.54), stock 20 and 21 min
+    assert "| postnorm | 20 20 | 12.5 ± 3.5 | 25.0 | 2.25 ± 0.35 |" in text
+    assert "| fairseq_transformer | 20 20 | 20.5 ± 0.7 | 41.0 | 1.05 ± 0.07 |" in text
+    assert "Total training time: 66.0 min" in text
+    rows = {r["system"]: r for r in table["rows"]}
+    p = rows["postnorm"]
+    assert f"| postnorm | {p['multi_bleu']:.2f} ± {p['multi_bleu_sd']:.2f} |" in text
+    assert "Command: `bash scripts/study.sh`" in text and "Settings: configs/studies/gl-en.yaml;" in text
+    assert "published" not in text  # the papers' split differs: no published columns
+    res = json.load(open(tmp_path / "out" / "study.json"))
+    assert res["runs"]["postnorm"]["2"]["curve"][1] == {"updates": 20, "wall_s": 20, "bleu": 2.5}
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(study.StudyError, match="evaluate the runs first"):
+        study.report(cfg, str(tmp_path / "logs"), str(tmp_path / "none.json"), str(tmp_path / "out"))
+
+
+def test_follow_prints_progress(capsys):
+    lines = [_line("12:00:01", "train_inner", {"num_updates": 10, "loss": 9.25}),
+             _line("12:00:02", "valid", {"valid_loss": 8, "valid_bleu": 1.234, "valid_num_updates": 20}),
+             "2026-01-01 12:00:03 | INFO | fairseq.trainer | begin training epoch 1\n",
+             "[train 12:00:04] error: no binarized data\n"]
+    study.follow(iter(lines), "run 1/2 postnorm", 40)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["[study] run 1/2 postnorm: update 10/40, loss 9.250",
+                   "[study] run 1/2 postnorm: update 20/40, dev BLEU 1.23", "[train 12:00:04] error: no binarized data"]
+
+
+@pytest.mark.slow
+def test_study_smoke_run(tmp_path):
+    """scripts/study.sh end to end with 20 updates, 1 seed, two of our systems and the stock row, on a
+    small generated gl-en corpus and a tiny model: the table, the curves, and a plain-fairseq stock run."""
+    src = tmp_path / "corpus"
+    src.mkdir()
+    rng = random.Random(5)
+    words = [f"pal{i}" for i in range(40)]
+    for split, n in (("train", 600), ("dev", 30), ("test", 30)):
+        sents = [[rng.choice(words) for _ in range(rng.randint(3, 9))] for _ in range(n)]
+        (src / f"{split}.gl").write_text("".join(" ".join(s) + "\n" for s in sents))
+        (src / f"{split}.en").write_text("".join(" ".join("w" + w[3:] for w in reversed(s)) + "\n" for s in sents))
+    cfg = yaml.safe_load(open(CONFIG))
+    cfg.update(source_dir=str(src), seeds=1, model={"embed_dim": 32, "ffn_dim": 64, "layers": 1, "heads": 2})
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    env = pipeline_env(str(tmp_path))
+    cmd = ["bash", os.path.join(REPO, "scripts", "study.sh"), "--config", str(config), "--systems",
+           "postnorm qknorm fairseq_transformer", "--max-update", "20"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "[study] run 3/3 fairseq_transformer: update 20/20" in p.stdout + p.stderr
+    out = tmp_path / "results" / "study-gl-en-u20"
+    text = (out / "study.md").read_text()
+    for system in ("postnorm", "qknorm", "fairseq_transformer"):
+        assert f"| {system} | " in text
+    with open(out / "dev_bleu.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    res = json.loads((out / "study.json").read_text())
+    stock_cmd = res["runs"]["fairseq_transformer"]["1"]["commands"][0]
+    assert stock_cmd.startswith("fairseq-train ") and "--user-dir" not in stock_cmd
+    assert "--user-dir" in res["runs"]["qknorm"]["1"]["commands"][0]
+    assert all(r["1"]["updates"] == 20 for r in res["runs"].values())
+    # a second call finds every run finished and only rebuilds the report
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (again.stdout + again.stderr).count("already trained with this command") == 3
