@@ -4,8 +4,8 @@
         --log-dir LOG_DIR/PAIR --results RESULTS_DIR/PAIR/ablation/SYSTEM --out PREFIX
 
 For every run: the update it stopped at, its best dev BLEU (fairseq's validation), and test BLEU of
-its best checkpoint decoded with each beam search (RESULTS/SEARCH/RUN/scores.json, as written by
-scripts/evaluate.sh). Writes PREFIX.md and PREFIX.json.
+its best checkpoint decoded with each beam search (RESULTS/SEARCH/PAIR/RUN/scores.json: scripts/evaluate.sh
+run with RESULTS_DIR=RESULTS/SEARCH). Writes PREFIX.md and PREFIX.json.
 """
 import argparse
 import json
@@ -18,14 +18,14 @@ from .scoring.evaluate import write_atomic
 SEARCHES = ("twt", "fairseq")
 
 
-def run_row(log_path, results, run):
+def run_row(log_path, results, pair, run):
     log = parse_log(log_path)
     if not log["valid"]:
         raise PlotError(f"{log_path}: no validation record")
     row = {"stopped_at": max(int(r["valid_num_updates"]) for r in log["valid"]),
            "best_dev_bleu": max(float(r["valid_bleu"]) for r in log["valid"])}
     for search in SEARCHES:
-        path = os.path.join(results, search, run, "scores.json")
+        path = os.path.join(results, search, pair, run, "scores.json")
         if not os.path.isfile(path):
             raise PlotError(f"{path} is missing: evaluate {run} with --beam-search {search}")
         scores = json.load(open(path))["systems"]
@@ -40,7 +40,7 @@ def main(argv=None):
     ap.add_argument("--system", required=True)
     ap.add_argument("--runs", nargs="+", required=True, metavar="RUN=WHAT", help="run name = what it changes")
     ap.add_argument("--log-dir", required=True, help="LOG_DIR/PAIR")
-    ap.add_argument("--results", required=True, help="folder with SEARCH/RUN/scores.json")
+    ap.add_argument("--results", required=True, help="folder with SEARCH/PAIR/RUN/scores.json")
     ap.add_argument("--settings", default="", help="a line describing the runs, copied into the report")
     ap.add_argument("--out", required=True, help="output prefix")
     opts = ap.parse_args(argv)
@@ -48,7 +48,8 @@ def main(argv=None):
     try:
         for item in opts.runs:
             run, _, what = item.partition("=")
-            rows[run] = {"what": what, **run_row(os.path.join(opts.log_dir, run, "train.log"), opts.results, run)}
+            rows[run] = {"what": what, **run_row(os.path.join(opts.log_dir, run, "train.log"), opts.results, opts.pair,
+                                                   run)}
     except PlotError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

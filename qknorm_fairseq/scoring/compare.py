@@ -98,19 +98,21 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
         row = {"system": s, **{m: r[m] for m in METRICS},
                "sacrebleu_treebank": tb["systems"][s]["sacrebleu"],
                "delta": r["delta"], "p_value": r["p_value"],
-               "significant": None if r["p_value"] is None else r["p_value"] < 0.01,
-               "published": []}
-        for p in published:
-            if p["system"] == s and not p["variant"]:
-                row["published"].append({"source": f"{p['paper']} T{p['table']}", "metric": p["metric"],
-                                         "bleu": p["bleu"], "ours": row[p["metric"]],
-                                         "diff": round(row[p["metric"]] - p["bleu"], 2)})
+               "significant": None if r["p_value"] is None else r["p_value"] < 0.01}
+        row["published"] = beside_published(row, published)
         rows.append(row)
     return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
             "reference": [shareable(r) for r in ref],
             "treebank_detok": treebank_detok,
             "n_samples": n_samples, "seed": seed,
             "sacrebleu_signature": main["systems"][baseline]["sacrebleu_signature"], "rows": rows}
+
+
+def beside_published(row, published):
+    """The published numbers of row's system, each with our score in its metric."""
+    return [{"source": f"{p['paper']} T{p['table']}", "metric": p["metric"], "bleu": p["bleu"],
+             "ours": row[p["metric"]], "diff": round(row[p["metric"]] - p["bleu"], 2)}
+            for p in published if p["system"] == row["system"] and not p["variant"]]
 
 
 def build_seeds(pair, pair_dir, groups, ref, metric, detok, lang, baseline, published_path, n_samples,
@@ -142,9 +144,7 @@ def build_seeds(pair, pair_dir, groups, ref, metric, detok, lang, baseline, publ
                                       [stats[r][metric] for r in groups[baseline].values()],
                                       n_samples=n_samples, seed=seed, score_fn=score_fns[metric])
             row.update(delta=round(res["delta"], 4), p_value=res["p_value"], significant=res["p_value"] < 0.01)
-        row["published"] = [{"source": f"{p['paper']} T{p['table']}", "metric": p["metric"], "bleu": p["bleu"],
-                             "ours": row[p["metric"]], "diff": round(row[p["metric"]] - p["bleu"], 2)}
-                            for p in published if p["system"] == system and not p["variant"]]
+        row["published"] = beside_published(row, published)
         rows.append(row)
     first = next(iter(scores.values()))
     return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
