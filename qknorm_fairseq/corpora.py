@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 
 from . import data_stats, recipes
+from .cli import Parser
 
 SPLITS = ("train", "dev", "test")
 HF_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
@@ -566,7 +567,7 @@ def shell_config(pair):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m qknorm_fairseq.corpora", description=__doc__,
+    p = Parser(prog="python -m qknorm_fairseq.corpora", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("download", help="fetch, verify and extract a pair's train/dev/test")

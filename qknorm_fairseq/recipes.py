@@ -15,6 +15,7 @@ import shlex
 import sys
 
 import yaml
+from .cli import Parser
 
 CONFIG_DIR = os.environ.get(
     "QKNORM_CONFIG_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -175,7 +176,7 @@ def generate_args(cfg):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m qknorm_fairseq.recipes", description=__doc__,
+    parser = Parser(prog="python -m qknorm_fairseq.recipes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_get = sub.add_parser("get", help="print one value of configs/PAIR.yaml")
@@ -193,6 +194,16 @@ def main(argv=None):
     for name in ("generate-args", "systems", "schedules"):
         sub.add_parser(name).add_argument("pair")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except SystemExit as e:  # the recipe functions stop with a message naming the fix: a usage error
+        if not isinstance(e.code, str):
+            raise
+        print(f"{parser.prog}: error: {e.code}", file=sys.stderr)
+        return 2
+
+
+def _run(args):
     cfg = load(args.pair)
     if args.cmd == "get":
         value = get(cfg, args.key)
@@ -206,6 +217,7 @@ def main(argv=None):
         print(" ".join(systems(cfg)))
     elif args.cmd == "schedules":
         print(" ".join(k for k in _section(cfg, "schedules") if k != "default"))
+    return 0
 
 
 if __name__ == "__main__":

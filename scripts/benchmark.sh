@@ -19,14 +19,14 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
     --convergence) mode=convergence; shift ;;
-    --reps) reps=${2:?--reps needs a value}; shift 2 ;;
-    --dim) dim=${2:?--dim needs a value}; shift 2 ;;
-    --layers) layers=${2:?--layers needs a value}; shift 2 ;;
-    --max-update) max_update=${2:?--max-update needs a value}; shift 2 ;;
-    --interval) interval=${2:?--interval needs a value}; shift 2 ;;
-    --systems) systems=${2:?--systems needs a value}; shift 2 ;;
+    --reps) need "$@"; reps=$2; shift 2 ;;
+    --dim) need "$@"; dim=$2; shift 2 ;;
+    --layers) need "$@"; layers=$2; shift 2 ;;
+    --max-update) need "$@"; max_update=$2; shift 2 ;;
+    --interval) need "$@"; interval=$2; shift 2 ;;
+    --systems) need "$@"; systems=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    *) usage >&2; die "unknown argument: $1" ;;
+    *) usage_error "unknown argument $1" ;;
   esac
 done
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env

@@ -14,14 +14,15 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 pair="" source_name="" force=0
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --pair) pair=${2:?--pair needs a value}; shift 2 ;;
-    --source) source_name=${2:?--source needs a value}; shift 2 ;;
+    --pair) need "$@"; pair=$2; shift 2 ;;
+    --source) need "$@"; source_name=$2; shift 2 ;;
     --force) force=1; shift ;;
     -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown argument: $1" ;;
+    -*) usage_error "unknown option $1" ;;
+    *) [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
   esac
 done
-[[ -n $pair ]] || { usage >&2; die "--pair is required"; }
+[[ -n $pair ]] || usage_error "name a pair: PAIR or --pair PAIR"
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 
 out=$DATA_DIR/$pair/raw

@@ -14,12 +14,12 @@ pair=gl-en updates=300 warmup=100 jobs=6 systems=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
-    --pair) pair=${2:?--pair needs a value}; shift 2 ;;
-    --updates) updates=${2:?--updates needs a value}; shift 2 ;;
-    --warmup) warmup=${2:?--warmup needs a value}; shift 2 ;;
-    --jobs) jobs=${2:?--jobs needs a value}; shift 2 ;;
-    --systems) systems=${2:?--systems needs a value}; shift 2 ;;
-    *) usage >&2; printf '[precision_check] error: unknown argument %s (see --help)\n' "$1" >&2; exit 2 ;;
+    --pair) need "$@"; pair=$2; shift 2 ;;
+    --updates) need "$@"; updates=$2; shift 2 ;;
+    --warmup) need "$@"; warmup=$2; shift 2 ;;
+    --jobs) need "$@"; jobs=$2; shift 2 ;;
+    --systems) need "$@"; systems=$2; shift 2 ;;
+    *) usage_error "unknown argument $1" ;;
   esac
 done
 activate_env

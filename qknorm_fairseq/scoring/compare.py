@@ -18,6 +18,7 @@ import sys
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, ScoringError
 from .evaluate import METRICS, score_systems, write_atomic
+from ..cli import Parser
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
 DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
@@ -151,7 +152,7 @@ def write(table, results_dir):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__,
+    ap = Parser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", required=True)
     ap.add_argument("--results-dir", required=True)
@@ -174,7 +175,7 @@ def main(argv=None):
         return 2
     base = write(table, args.results_dir)
     print(to_markdown(table))
-    print(f"wrote {base}.md, {base}.csv, {base}.json", file=sys.stderr)
+    print(f"wrote {shareable(base)}.{{md,csv,json}}", file=sys.stderr)
     return 0
 
 
