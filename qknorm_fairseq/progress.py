@@ -108,11 +108,12 @@ class Training:
         return text
 
 
-def _bar(total, label, unit):
+def _bar(total, label, unit, right):
     from tqdm import tqdm
 
-    return tqdm(total=total or None, desc=label, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False,
-                bar_format="{desc} {n_fmt}/{total_fmt} " + unit + " |{bar}| {postfix}")
+    label = label.replace("{", "{{").replace("}", "}}")
+    return tqdm(total=total or None, file=sys.stderr, dynamic_ncols=True, leave=False,
+                bar_format=f"{label} {{n_fmt}}/{{total_fmt}} {unit} |{{bar}}| {right}")
 
 
 def follow(args, on_line):
@@ -138,7 +139,7 @@ def mode(args):
 
 def train(args):
     state, how = Training(args.max_update), mode(args)
-    bar = _bar(args.max_update, args.label, "updates") if how == "bar" else None
+    bar = _bar(args.max_update, args.label, "updates", "{desc}") if how == "bar" else None
     last = [time.monotonic()]
 
     def on_line(text, shown):
@@ -147,7 +148,7 @@ def train(args):
         validated = state.feed(text)
         if bar is not None:
             bar.n = state.update
-            bar.set_postfix_str("  ".join(state.fields()), refresh=True)
+            bar.set_description_str("  ".join(state.fields()), refresh=True)
         elif how == "lines" and state.first and (validated or time.monotonic() - last[0] >= args.every):
             print(stamp(args.tag, state.line(args.label)), file=sys.stderr, flush=True)
             last[0] = time.monotonic()
@@ -164,7 +165,7 @@ def train(args):
 
 def decode(args):
     how, t0 = mode(args), time.monotonic()
-    bar = _bar(args.total, args.label, "sentences") if how == "bar" else None
+    bar = _bar(args.total, args.label, "sentences", "{rate_fmt}  ETA {remaining}") if how == "bar" else None
     done, last = [0], [t0]
 
     def on_line(text, shown):

@@ -11,6 +11,7 @@
 #       (joint BPE 3000, gl->en recipe scaled down: see CONV_* below) for a fixed update budget,
 #       dev BLEU every --interval updates; writes $RESULTS_DIR/convergence.{md,json,png}.
 #       Resumable: a finished system is skipped; delete $DATA_DIR/bench-convergence to redo.
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }

@@ -26,10 +26,9 @@ case ${1:-} in
   -*|"") ;;
   *) TARGET=$1; shift ;;
 esac
-[[ $TARGET == all || -f $ROOT/configs/$TARGET.yaml ]] \
-  || usage_error "unknown pair '$TARGET': choose one of $(cd "$ROOT/configs" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')or all"
 activate_env
 cd "$ROOT"
+[[ $TARGET == all ]] || check_pair "$TARGET"
 
 if [[ $TARGET == all ]]; then
   PAIRS=()

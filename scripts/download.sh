@@ -8,6 +8,7 @@
 # qknorm_fairseq/corpora.py for the environment variables that point them at mirrors.
 # Idempotent: a finished pair (raw/.done) is skipped; archives are cached in
 # $DATA_DIR/downloads/ and reused, and are only ever stored complete and verified.
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }

@@ -38,8 +38,8 @@ PAIR=$1 SYSTEM=$2
 shift 2
 activate_env
 cd "$ROOT"
+check_pair "$PAIR"
 
-SRC=$(recipe "$PAIR" src)  # an unknown pair stops here (exit 2, one line from recipes.py)
 TGT=$(recipe "$PAIR" tgt)
 METRIC=$(recipe "$PAIR" eval.metric)
 DETOK=$(recipe "$PAIR" eval.detok)
@@ -117,4 +117,4 @@ else
   "${score[@]}" --output "$OUT/scores.json" >/dev/null
 fi
 printf '%s\n' "$fingerprint" >"$OUT/.done.tmp" && mv -f "$OUT/.done.tmp" "$OUT/.done"
-log "$PAIR/$SYSTEM: $(score_line) ($METRIC, detok $DETOK) -> $(short "$OUT/scores.json")"
+log "$PAIR/$SYSTEM: test $(score_line) (detok $DETOK) -> $(short "$OUT/scores.json")"

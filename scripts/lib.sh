@@ -28,6 +28,8 @@ die() { printf '[%s] error: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
 usage_error() { printf '[%s] error: %s (see bash scripts/%s --help)\n' "$(basename "$0" .sh)" "$*" "$(basename "$0")" >&2; exit 2; }
 # need OPTION "$@" (inside the option loop): OPTION must be followed by a value.
 need() { [[ $# -ge 2 && -n $2 && $2 != --* ]] || usage_error "$1 needs a value"; }
+# check_pair PAIR: a usage error unless configs/ defines PAIR (the message of recipes.py, which knows them).
+check_pair() { local err; err=$(python -m qknorm_fairseq.recipes get "$1" src 2>&1 >/dev/null) || usage_error "${err#*error: }"; }
 # short PATH: PATH relative to the current folder when inside it (for the lines a user reads).
 short() { local p=$1; [[ $p == "$PWD/"* ]] && p=${p#"$PWD/"}; printf '%s' "$p"; }
 # quietly LOGFILE CMD [ARGS...]: runs CMD with its output appended to LOGFILE (and shown too with

@@ -7,6 +7,7 @@
 # the recipe's peak learning rate; no validation, no checkpoints. Runs --jobs trainings at once
 # on the one GPU. Needs data-bin/PAIR (scripts/prepare.sh). Writes $RESULTS_DIR/gpu/precision.{md,json};
 # the fairseq logs are in $LOG_DIR/PAIR/SYSTEM_PRECISION/train.log.
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }

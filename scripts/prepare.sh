@@ -16,6 +16,7 @@
 #                                                     the BPE codes/vocab, and stats.json
 # Idempotent and resumable: each stage is built in a temporary folder, renamed into place when
 # complete, and skipped next time when its settings are unchanged (--force redoes all stages).
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }

@@ -32,7 +32,6 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 pair=${pair:-demo}
-[[ -f $ROOT/configs/$pair.yaml ]] || usage_error "unknown pair '$pair': choose one of $(cd "$ROOT/configs" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')(for your own corpus: bash scripts/prepare.sh --pair xx-yy --src-dir DIR, then scripts/train.sh)"
 if [[ -z $systems ]]; then
   if [[ $pair == demo ]]; then systems="postnorm qknorm"; else systems="postnorm prenorm fixnorm scalenorm qknorm"; fi
 fi
@@ -42,6 +41,7 @@ done
 
 activate_env
 cd "$ROOT"
+check_pair "$pair"
 t0=$SECONDS
 logs=$LOG_DIR/$pair
 results=$RESULTS_DIR/$pair
