@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _eval_tiny  # noqa: E402
 
 REPO = _eval_tiny.REPO
-SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.sh")))
+SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.sh")) + glob.glob(os.path.join(REPO, "scripts", "*.sbatch")))
 # python -m entry points, with their sub-commands
 MODULES = {"recipes": ["get", "train-args", "generate-args", "systems", "schedules"],
            "scoring": [], "scoring.compare": [], "plots": ["dev-bleu", "grad-norm", "scales", "attention"],
