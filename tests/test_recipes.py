@@ -5,6 +5,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -133,8 +134,8 @@ def test_generate_args_parse_with_fairseq():
 
 
 def _cli(*argv):
-    # as scripts/train.sh runs it (a script: `-m` would import fairseq through the package first)
-    return subprocess.run(["python", os.path.join(tiny.REPO, "qknorm_fairseq", "recipes.py"), *argv],
+    # as scripts/train.sh runs it (`python -m` skips fairseq's import: qknorm_fairseq/__init__.py)
+    return subprocess.run([sys.executable, "-m", "qknorm_fairseq.recipes", *argv],
                           capture_output=True, text=True, cwd=tiny.REPO, env=tiny.env())
 
 
