@@ -48,6 +48,7 @@ results=$RESULTS_DIR/$pair
 log "$pair: systems $systems; logs in $(short "$logs")/, results in $(short "$results")/"
 
 t=$SECONDS
+mkdir -p "$logs" && : >"$logs/data.log"  # each run's own output
 quietly "$logs/data.log" bash scripts/download.sh --pair "$pair" || die "download of $pair failed; log: $(short "$logs/data.log")"
 quietly "$logs/data.log" bash scripts/prepare.sh --pair "$pair" || die "preparing $pair failed; log: $(short "$logs/data.log")"
 log "data: $(short "$DATA_BIN/$pair") ready in $(( SECONDS - t )) s (log $(short "$logs/data.log"))"
@@ -59,6 +60,7 @@ done
 
 # TwT Figures 1-4 and, with a softmax baseline beside qknorm, QKNorm Figures 1-2 (results/README.md)
 t=$SECONDS
+: >"$logs/plots.log"
 plots=(dev_bleu grad_norm scales)
 quietly "$logs/plots.log" python -m qknorm_fairseq.plots dev-bleu --pair "$pair" --log-dir "$LOG_DIR" --out "$results/dev_bleu.png" \
   && quietly "$logs/plots.log" python -m qknorm_fairseq.plots grad-norm --pair "$pair" --log-dir "$LOG_DIR" --out "$results/grad_norm.png" \
@@ -74,6 +76,7 @@ if [[ " $systems " == *" qknorm "* ]]; then
     break
   done
 fi
+grep -h '^warning: ' "$logs/plots.log" >&2 || true  # ours (plots.py), e.g. a checkpoint without learned scales
 log "plots: $(short "$results")/{$(IFS=,; echo "${plots[*]}")}.png in $(( SECONDS - t )) s (log $(short "$logs/plots.log"))"
 
 bash scripts/compare.sh "$pair"
