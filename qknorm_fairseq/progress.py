@@ -48,6 +48,7 @@ class Training:
         self.update = 0
         self.loss = self.lr = self.ups = self.bleu = self.best = None
         self.best_update = None
+        self.validated_at = []  # updates of the validations seen (their spacing: the validation interval)
 
     def feed(self, line):
         """True when the line was a validation record."""
@@ -67,12 +68,19 @@ class Training:
                 self.first = (self.update, now)
         elif kind == "valid":
             self.update = int(rec.get("valid_num_updates", self.update))
+            self.validated_at.append(self.update)
             self.bleu = rec.get("valid_bleu")
             self.best = rec.get("valid_best_bleu", self.bleu)
             if self.bleu is not None and self.bleu == self.best:
                 self.best_update = self.update
             return True
         return False
+
+    def validation_due(self):
+        """True when a validation record is expected right after this update (its line will follow)."""
+        v = self.validated_at
+        every = v[-1] - v[-2] if len(v) >= 2 else (v[0] if v else None)
+        return bool(every) and self.update % every == 0
 
     def rate(self):
         """Updates per second over the whole run so far (validation included), else fairseq's ups."""
@@ -149,7 +157,8 @@ def train(args):
         if bar is not None:
             bar.n = state.update
             bar.set_description_str("  ".join(state.fields()), refresh=True)
-        elif how == "lines" and state.first and (validated or time.monotonic() - last[0] >= args.every):
+        elif how == "lines" and state.first and (validated or (time.monotonic() - last[0] >= args.every
+                                                               and not state.validation_due())):
             print(stamp(args.tag, state.line(args.label)), file=sys.stderr, flush=True)
             last[0] = time.monotonic()
 

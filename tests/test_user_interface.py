@@ -178,6 +178,21 @@ def test_training_progress_plain_lines_without_a_terminal(tmp_path):
                      lines[3]), lines[3]
 
 
+def test_periodic_lines_do_not_repeat_a_validation_line(tmp_path):
+    records = []
+    for u in range(10, 61, 10):
+        records.append(_record("train_inner", loss=1.0, lr=1e-3, ups=1.0, num_updates=u))
+        if u % 20 == 0:
+            records.append(_record("valid", valid_loss=1.0, valid_bleu=u, valid_best_bleu=u, valid_num_updates=u))
+    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "t.log"),
+                        "--every", "0", "--max-update", "60"], input="\n".join(records) + "\n", capture_output=True,
+                       text=True, env=env())
+    shown = re.findall(r"train (\d+)/60 updates", p.stderr)
+    # every record is due a line (--every 0), but once the validation interval (20) is known, the
+    # train_inner record of a validation's update leaves the line to the validation
+    assert shown == ["10", "20", "20", "30", "40", "50", "60"], p.stderr
+
+
 def test_training_progress_bar_on_a_terminal_and_verbose_echo(tmp_path):
     text = "\n".join(FAKE_TRAIN) + "\n"
     cmd = [sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "a.log"),
