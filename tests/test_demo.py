@@ -62,7 +62,9 @@ def assert_readable_transcript(seen):
     # live progress as plain lines: one per validation (every 100 updates), with the ETA
     progress = re.findall(r"^\[train [\d:]+\] demo/(\w+) (\d+)/600 updates  loss [\d.]+  dev BLEU [\d.]+  "
                           r"lr [\d.e+-]+  [\d.]+ upd/s  ETA \d+:\d\d$", seen, re.M)
-    assert [u for s, u in progress if s == "qknorm"] == [str(u) for u in range(100, 601, 100)], seen
+    updates = [int(u) for s, u in progress if s == "qknorm"]
+    # a line at every validation; on a slow machine also one every 5 minutes in between
+    assert set(range(100, 601, 100)) <= set(updates) and updates == sorted(updates), seen
     # the table last
     assert "| qknorm |" in seen and "Baseline: postnorm" in seen
     assert seen.index("| qknorm |") > seen.index("plots: ")
