@@ -51,14 +51,14 @@ class Training:
         self.validated_at = []  # updates of the validations seen (their spacing: the validation interval)
 
     def feed(self, line):
-        """True when the line was a validation record."""
+        """The kind of fairseq record the line held ("train_inner", "valid", "train"), else None."""
         m = RESUMED.search(line)
         if m:
             self.update = int(m.group(1))
-            return False
+            return None
         parsed = parse_line(line)
         if parsed is None:
-            return False
+            return None
         kind, rec = parsed
         now = time.monotonic()
         if kind == "train_inner":
@@ -73,8 +73,7 @@ class Training:
             self.best = rec.get("valid_best_bleu", self.bleu)
             if self.bleu is not None and self.bleu == self.best:
                 self.best_update = self.update
-            return True
-        return False
+        return kind
 
     def validation_due(self):
         """True when a validation record is expected right after this update (its line will follow)."""
@@ -153,12 +152,12 @@ def train(args):
     def on_line(text, shown):
         if shown:
             (bar.write if bar else print)(stamp(args.tag, text), file=sys.stderr)
-        validated = state.feed(text)
+        kind = state.feed(text)
         if bar is not None:
             bar.n = state.update
             bar.set_description_str("  ".join(state.fields()), refresh=True)
-        elif how == "lines" and state.first and (validated or (time.monotonic() - last[0] >= args.every
-                                                               and not state.validation_due())):
+        elif how == "lines" and state.first and (kind == "valid" or (
+                kind == "train_inner" and time.monotonic() - last[0] >= args.every and not state.validation_due())):
             print(stamp(args.tag, state.line(args.label)), file=sys.stderr, flush=True)
             last[0] = time.monotonic()
 

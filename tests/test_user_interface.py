@@ -182,6 +182,7 @@ def test_periodic_lines_do_not_repeat_a_validation_line(tmp_path):
     records = []
     for u in range(10, 61, 10):
         records.append(_record("train_inner", loss=1.0, lr=1e-3, ups=1.0, num_updates=u))
+        records.append("2026-01-01 00:00:00 | INFO | fairseq.trainer | begin training epoch 2")  # no line
         if u % 20 == 0:
             records.append(_record("valid", valid_loss=1.0, valid_bleu=u, valid_best_bleu=u, valid_num_updates=u))
     p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "t.log"),
