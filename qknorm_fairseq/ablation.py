@@ -12,7 +12,8 @@ import json
 import os
 import sys
 
-from .plots import PlotError, parse_log
+from .cli import Parser
+from .fairseq_log import LogError, parse_log
 from .scoring.evaluate import write_atomic
 
 SEARCHES = ("twt", "fairseq")
@@ -21,21 +22,21 @@ SEARCHES = ("twt", "fairseq")
 def run_row(log_path, results, pair, run):
     log = parse_log(log_path)
     if not log["valid"]:
-        raise PlotError(f"{log_path}: no validation record")
+        raise LogError(f"{log_path}: no validation record")
     row = {"stopped_at": max(int(r["valid_num_updates"]) for r in log["valid"]),
            "best_dev_bleu": max(float(r["valid_bleu"]) for r in log["valid"])}
     for search in SEARCHES:
         path = os.path.join(results, search, pair, run, "scores.json")
         if not os.path.isfile(path):
-            raise PlotError(f"{path} is missing: evaluate {run} with --beam-search {search}")
+            raise LogError(f"{path} is missing: evaluate {run} with --beam-search {search}")
         scores = json.load(open(path))["systems"]
         row[f"test_{search}"] = next(iter(scores.values()))["multi_bleu"]
     return row
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.ablation", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.ablation", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", required=True)
     ap.add_argument("--system", required=True)
     ap.add_argument("--runs", nargs="+", required=True, metavar="RUN=WHAT", help="run name = what it changes")
@@ -50,7 +51,7 @@ def main(argv=None):
             run, _, what = item.partition("=")
             rows[run] = {"what": what, **run_row(os.path.join(opts.log_dir, run, "train.log"), opts.results, opts.pair,
                                                    run)}
-    except PlotError as e:
+    except LogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     ref = next(iter(rows.values()))

@@ -32,6 +32,7 @@ from datetime import datetime
 import torch
 
 from .paths import cpu_name, shareable
+from .cli import Parser
 
 STOCK = "transformer"
 PRESETS = ["qknorm_transformer", "transformer_postnorm", "transformer_prenorm", "transformer_fixnorm",
@@ -455,7 +456,7 @@ def cmd_kernels(opts):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m qknorm_fairseq.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("speed", help="training/decoding speed and memory of every preset vs stock transformer")
     s.add_argument("--dim", type=int, default=256)
@@ -501,4 +502,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,6 +17,7 @@ import sys
 
 from . import recipes
 from .data.common import SPLITS, DataError, log
+from .cli import Parser
 
 
 def shell_config(pair):
@@ -40,8 +41,8 @@ def shell_config(pair):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m qknorm_fairseq.corpora", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m qknorm_fairseq.corpora", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("download", help="fetch, verify and extract a pair's train/dev/test")
     d.add_argument("--pair", required=True)

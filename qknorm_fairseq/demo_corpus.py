@@ -21,6 +21,8 @@ import os
 import random
 import sys
 
+from .cli import Parser
+
 # source noun -> (target stem, gender); plural source forms are regular (+s) except these
 NOUNS = {
     "dog": ("kan", "m"), "cat": ("gat", "f"), "bird": ("vol", "m"), "horse": ("kaval", "m"),
@@ -126,8 +128,8 @@ def write(out_dir, seed=1, train=4000, dev=300, test=300):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m qknorm_fairseq.demo_corpus", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m qknorm_fairseq.demo_corpus", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--train", type=int, default=4000)

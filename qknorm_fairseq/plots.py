@@ -16,7 +16,6 @@ attention = QKNorm Figures 1-2 (encoder self-attention of chosen heads for one s
 """
 import argparse
 import glob
-import json
 import math
 import os
 import re
@@ -27,57 +26,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .fairseq_log import LogError, parse_log  # noqa: E402,F401  (parse_log: also for callers)
 from .paths import ROOT  # noqa: E402
+from .cli import Parser  # noqa: E402
 
 
-class PlotError(ValueError):
+class PlotError(LogError):
     pass
-
-
-def parse_log(path):
-    """{'train_inner': [...], 'valid': [...], 'train': [...]} from a fairseq JSON log, with
-    fairseq's duplicated lines removed and numeric strings converted."""
-    if not os.path.isfile(path):
-        raise PlotError(f"train log {path!r} does not exist")
-    out = {"train_inner": [], "valid": [], "train": []}
-    seen = set()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            rec = parse_record(line)
-            if rec is None:
-                continue
-            key = json.dumps(rec, sort_keys=True)
-            if key in seen:
-                continue
-            seen.add(key)
-            if "valid_loss" in rec:
-                out["valid"].append(rec)
-            elif "train_loss" in rec:
-                out["train"].append(rec)
-            elif "loss" in rec and "num_updates" in rec:
-                out["train_inner"].append(rec)
-    return out
-
-
-def parse_record(line):
-    """The JSON object of one fairseq log line (numeric strings converted), or None."""
-    i = line.find('{"')
-    if i < 0:
-        return None
-    try:
-        rec = json.loads(line[i:])
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(rec, dict):
-        return None
-    return {k: _num(v) for k, v in rec.items()}
-
-
-def _num(v):
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return v
 
 
 def _named(items, flag):
@@ -286,8 +241,8 @@ def plot_attention(ckpts, data_bin, out, index=0, sentence=None, layer=0, heads=
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.plots", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.plots", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     # log plots read --log NAME=PATH (or every system of --pair under --log-dir), checkpoint plots --ckpt
     for cmd, item, folder, env, default in (("dev-bleu", "log", "log-dir", "LOG_DIR", "logs"),
@@ -320,7 +275,7 @@ def main(argv=None):
             else:
                 out = plot_attention(ckpts, args.data_bin, args.out, args.index, args.sentence, args.layer,
                                      args.heads, args.title)
-    except PlotError as e:
+    except LogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(out)

@@ -15,8 +15,9 @@ import math
 import os
 import sys
 
-from .plots import PlotError, parse_log
+from .fairseq_log import LogError, parse_log
 from .scoring.evaluate import write_atomic
+from .cli import Parser
 
 
 def curve(path):
@@ -27,7 +28,7 @@ def curve(path):
 def compare(ref, other, tolerance):
     common = sorted(set(ref) & set(other))
     if not common:
-        raise PlotError("no logged update in common with the fp32 run")
+        raise LogError("no logged update in common with the fp32 run")
     rel = [abs(other[u] - ref[u]) / abs(ref[u]) for u in common]
     finite = all(math.isfinite(v) for v in other.values())
     return {"updates": len(common), "last_update": common[-1], "final_loss": other[common[-1]],
@@ -36,8 +37,8 @@ def compare(ref, other, tolerance):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.precision_check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.precision_check", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log-dir", required=True, help="LOG_DIR/PAIR holding SYSTEM_PRECISION/train.log")
     ap.add_argument("--systems", nargs="+", required=True)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16"])
@@ -49,14 +50,14 @@ def main(argv=None):
     for system in opts.systems:
         try:
             ref = curve(os.path.join(opts.log_dir, f"{system}_fp32", "train.log"))
-        except PlotError as e:
+        except LogError as e:
             errors.append(f"{system} fp32: {e}")
             continue
         for p in opts.precisions:  # a failed precision does not hide the others
             try:
                 other = curve(os.path.join(opts.log_dir, f"{system}_{p}", "train.log"))
                 rows.setdefault(system, {})[p] = compare(ref, other, opts.tolerance)
-            except PlotError as e:
+            except LogError as e:
                 errors.append(f"{system} {p}: {e}")
     lines = ["# Mixed precision against fp32", "", opts.settings, "",
              f"Training loss at every logged update compared with the fp32 run of the same system and seed; "

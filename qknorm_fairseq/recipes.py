@@ -19,6 +19,7 @@ import shlex
 import sys
 
 import yaml
+from .cli import Parser
 
 from .data.stats import REMOVE_BPE, read_stats
 from .paths import ROOT
@@ -252,8 +253,8 @@ def generate_args(cfg, data_bin=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m qknorm_fairseq.recipes", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m qknorm_fairseq.recipes", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_get = sub.add_parser("get", help="print one value of PAIR's recipe")
     p_get.add_argument("pair")
@@ -271,6 +272,16 @@ def main(argv=None):
     for p in sub.choices.values():
         p.add_argument("--data-bin", help="PAIR's binarized data (default: $DATA_BIN/PAIR, else data-bin/PAIR)")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except SystemExit as e:  # the recipe functions stop with a message naming the fix: a usage error
+        if not isinstance(e.code, str):
+            raise
+        print(f"{parser.prog}: error: {e.code}", file=sys.stderr)
+        return 2
+
+
+def _run(args):
     cfg = load(args.pair, args.data_bin, announce=args.cmd == "train-args")
     if args.cmd == "get":
         value = get(cfg, args.key)

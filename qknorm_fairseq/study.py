@@ -1,4 +1,4 @@
-"""The real-data study (configs/studies/*.yaml, run by scripts/study.sh): training flags, progress,
+"""The real-data study (configs/studies/*.yaml, run by scripts/study.sh): training flags,
 wall time and dev-BLEU curves of every run, and the report.
 
     python -m qknorm_fairseq.study get CONFIG KEY                  # one value (dotted key)
@@ -6,7 +6,6 @@ wall time and dev-BLEU curves of every run, and the report.
         # fairseq flags appended to `scripts/train.sh PAIR SYSTEM` for one of our systems
     python -m qknorm_fairseq.study stock-args CONFIG --data-bin DIR --save-dir DIR --seed K [--max-update N]
         # the whole plain fairseq-train command line of the stock reference row
-    python -m qknorm_fairseq.study follow --label TEXT --max-update N   # stdin: a run's console
     python -m qknorm_fairseq.study report CONFIG --log-dir DIR --compare JSON --out DIR
         [--max-update N] [--command TEXT]
 
@@ -33,6 +32,8 @@ from datetime import datetime
 import yaml
 
 from . import recipes
+from .cli import Parser
+from .fairseq_log import parse_line
 from .paths import ROOT, cpu_name, shareable
 from .scoring.evaluate import write_atomic
 
@@ -146,9 +147,10 @@ def read_run(path):
             seg = segments[-1]
             seg["first"] = t if seg["first"] is None else seg["first"]
             seg["last"] = t
-            rec = _record(line)
-            if rec is None:
+            parsed = parse_line(line)
+            if parsed is None:
                 continue
+            rec = parsed[1]
             if "valid_bleu" in rec:
                 seg["valid"].append((t, int(rec["valid_num_updates"]), float(rec["valid_bleu"])))
             for key in ("num_updates", "valid_num_updates", "train_num_updates"):
@@ -163,27 +165,6 @@ def read_run(path):
         wall += seg["last"] - seg["first"]
     return {"wall_s": wall, "segments": len(segments), "updates": max([s["updates"] for s in segments] or [0]),
             "curve": [points[u] for u in sorted(points)], "commands": commands}
-
-
-def _record(line):
-    from .plots import parse_record
-
-    return parse_record(line)
-
-
-def follow(stream, label, max_update, out=None):
-    """Echo a run's console compactly: one line per logged update and per validation."""
-    out = out or sys.stdout
-    for line in stream:
-        rec = _record(line) if STAMP.match(line) else None
-        if rec and "valid_bleu" in rec:
-            print(f"[study] {label}: update {int(rec['valid_num_updates'])}/{max_update}, "
-                  f"dev BLEU {float(rec['valid_bleu']):.2f}", file=out, flush=True)
-        elif rec and "num_updates" in rec and "loss" in rec:
-            print(f"[study] {label}: update {int(rec['num_updates'])}/{max_update}, loss {float(rec['loss']):.3f}",
-                  file=out, flush=True)
-        elif line.startswith("[") or "Error" in line or "error:" in line or "Traceback" in line:
-            print(line.rstrip("\n"), file=out, flush=True)
 
 
 # ---------------------------------------------------------------- report
@@ -295,9 +276,9 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.study", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = Parser(prog="python -m qknorm_fairseq.study", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     p = sub.add_parser("get")
     p.add_argument("config")
     p.add_argument("key")
@@ -310,9 +291,6 @@ def main(argv=None):
     p.add_argument("--data-bin", required=True)
     p.add_argument("--save-dir", required=True)
     p.add_argument("--seed", type=int, required=True)
-    p = sub.add_parser("follow")
-    p.add_argument("--label", required=True)
-    p.add_argument("--max-update", type=int, required=True)
     p = sub.add_parser("report")
     p.add_argument("config")
     p.add_argument("--log-dir", required=True)
@@ -325,9 +303,6 @@ def main(argv=None):
         sub.choices[name].add_argument("--max-update", type=int, help="override the config's budget (smoke runs)")
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "follow":
-            follow(sys.stdin, args.label, args.max_update)
-            return 0
         cfg = load(args.config)
         if args.cmd == "get":
             print(get(cfg, args.key))

@@ -9,12 +9,36 @@
    bf16, fp32 master weights in fairseq's FP16Optimizer) is fairseq's own.
 2. Several processes on CPUs. fairseq's default DDP backend cannot wrap a CPU model (see
    distributed.py); with `--cpu` and no `--ddp-backend` given, `legacy_ddp` is used instead.
+
+It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
+hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU, the missing
+tensorboardX of a speech task); every other warning and every log record stays.
 """
 import logging
 import os
 import sys
+import warnings
+
+from . import quiet_loggers
 
 logger = logging.getLogger("qknorm_fairseq.train")
+
+# (category, start of the message) of warnings raised inside fairseq, hydra and torch on every start
+NOISE = (
+    (UserWarning, r"hydra\.experimental\.\w+\(\) is no longer experimental"),
+    (UserWarning, r"\s*The version_base parameter is not specified"),
+    (UserWarning, r"In '\w+': Usage of deprecated keyword in package header"),
+    (UserWarning, r"\s*'\w+' is validated against ConfigStore schema"),
+    (UserWarning, r"\s*The strict flag in the compose API is deprecated"),
+    (UserWarning, r"'pin_memory' argument is set as true but no accelerator is found"),
+    (FutureWarning, r"`torch\.cuda\.amp\.\w+\(args\.\.\.\)` is deprecated"),
+)
+
+
+def silence_noise():
+    for category, message in NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    quiet_loggers()
 
 
 def _given(flag, argv):
@@ -47,6 +71,7 @@ def wrap_parser(parse, argv):
 
 
 def main(argv=None):
+    silence_noise()
     from fairseq_cli import train  # first: it sets up fairseq's log format before fairseq is imported
     from fairseq import options
 

@@ -9,6 +9,7 @@
 #   bash scripts/benchmark.sh --convergence [scripts/study.sh flags...]
 #       The real-data study of issue #13 on TED gl->en: runs bash scripts/study.sh with the flags
 #       that follow (--systems, --seeds, --max-update, --config; see its --help).
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
@@ -17,11 +18,11 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
     --convergence) shift; exec bash "$ROOT/scripts/study.sh" "$@" ;;
-    --reps) reps=${2:?--reps needs a value}; shift 2 ;;
-    --dim) dim=${2:?--dim needs a value}; shift 2 ;;
-    --layers) layers=${2:?--layers needs a value}; shift 2 ;;
+    --reps) need "$@"; reps=$2; shift 2 ;;
+    --dim) need "$@"; dim=$2; shift 2 ;;
+    --layers) need "$@"; layers=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    *) usage >&2; die "unknown argument: $1" ;;
+    *) usage_error "unknown argument $1" ;;
   esac
 done
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env

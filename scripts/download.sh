@@ -9,20 +9,22 @@
 # Transfers retry network errors, resume an interrupted file over HTTP Range and show progress.
 # Idempotent: a finished pair (raw/.done) is skipped; archives are cached in
 # $DATA_DIR/downloads/ and reused, and are only ever stored complete and verified.
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 pair="" source_name="" force=0
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --pair) pair=${2:?--pair needs a value}; shift 2 ;;
-    --source) source_name=${2:?--source needs a value}; shift 2 ;;
+    --pair) need "$@"; pair=$2; shift 2 ;;
+    --source) need "$@"; source_name=$2; shift 2 ;;
     --force) force=1; shift ;;
     -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown argument: $1" ;;
+    -*) usage_error "unknown option $1" ;;
+    *) [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
   esac
 done
-[[ -n $pair ]] || { usage >&2; die "--pair is required"; }
+[[ -n $pair ]] || usage_error "name a pair: PAIR or --pair PAIR"
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 
 out=$DATA_DIR/$pair/raw

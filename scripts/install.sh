@@ -9,6 +9,9 @@
 #   TORCH_SPEC   pip requirement for torch when one must be installed (default: torch>=2.1)
 #   TORCH_INDEX  index URL for that torch (default: the PyTorch CPU index on machines without
 #                nvidia-smi, PyPI otherwise)
+# No options; -h/--help prints this. Exit status: 0 ok, 2 a usage error, 1 a failure.
+case ${1:-} in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
+[[ $# == 0 ]] || { printf '[install] error: unknown argument %s (see bash scripts/install.sh --help)\n' "$1" >&2; exit 2; }
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}

@@ -3,6 +3,9 @@
 # Every path can be moved with an environment variable:
 #   DATA_DIR (data/), DATA_BIN (data-bin/), CKPT_DIR (checkpoints/), LOG_DIR (logs/),
 #   RESULTS_DIR (results/), VENV (.venv/).
+# The command-line grammar of every script: --help lists every option; exit 0 ok, 2 usage error
+# (usage_error), 1 failure (die); an error is one line that names the fix. VERBOSE=1 (or a script's
+# --verbose) shows the full output of every tool instead of one line per stage.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=${DATA_DIR:-$ROOT/data}
@@ -16,8 +19,33 @@ USER_DIR=$ROOT/qknorm_fairseq
 # (the tools skip fairseq's import, see qknorm_fairseq/__init__.py).
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
+VERBOSE=${VERBOSE:-0}
+export VERBOSE
+
 log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[%s] error: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
+# usage_error MSG: a mistake on the command line (exit 2), pointing at --help.
+usage_error() { printf '[%s] error: %s (see bash scripts/%s --help)\n' "$(basename "$0" .sh)" "$*" "$(basename "$0")" >&2; exit 2; }
+# need OPTION "$@" (inside the option loop): OPTION must be followed by a value.
+need() { [[ $# -ge 2 && -n $2 && $2 != --* ]] || usage_error "$1 needs a value"; }
+# check_pair PAIR: a usage error unless configs/ defines PAIR (the message of recipes.py, which knows them).
+check_pair() { local err; err=$(python -m qknorm_fairseq.recipes get "$1" src 2>&1 >/dev/null) || usage_error "${err#*error: }"; }
+# short PATH: PATH relative to the current folder when inside it (for the lines a user reads).
+short() { local p=$1; [[ $p == "$PWD/"* ]] && p=${p#"$PWD/"}; printf '%s' "$p"; }
+# quietly LOGFILE CMD [ARGS...]: runs CMD with its output appended to LOGFILE (and shown too with
+# VERBOSE=1); on failure shows the last lines of LOGFILE and returns CMD's status.
+quietly() {
+  local logfile=$1 rc=0
+  shift
+  mkdir -p "$(dirname "$logfile")"
+  if [[ $VERBOSE == 1 ]]; then
+    "$@" 2>&1 | tee -a "$logfile" >&2 || rc=${PIPESTATUS[0]}
+  else
+    "$@" >>"$logfile" 2>&1 || rc=$?
+  fi
+  if [[ $rc != 0 && $VERBOSE != 1 ]]; then tail -n 15 "$logfile" >&2; fi
+  return $rc
+}
 
 # Creates or reuses .venv (scripts/install.sh is idempotent) and puts it first on PATH.
 # QKNORM_USE_ENV=1 uses the Python environment already on PATH instead (a cluster's module, a

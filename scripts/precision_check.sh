@@ -7,6 +7,7 @@
 # the recipe's peak learning rate; no validation, no checkpoints. Runs --jobs trainings at once
 # on the one GPU. Needs data-bin/PAIR (scripts/prepare.sh). Writes $RESULTS_DIR/gpu/precision.{md,json};
 # the fairseq logs are in $LOG_DIR/PAIR/SYSTEM_PRECISION/train.log.
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
@@ -14,12 +15,12 @@ pair=gl-en updates=300 warmup=100 jobs=6 systems=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
-    --pair) pair=${2:?--pair needs a value}; shift 2 ;;
-    --updates) updates=${2:?--updates needs a value}; shift 2 ;;
-    --warmup) warmup=${2:?--warmup needs a value}; shift 2 ;;
-    --jobs) jobs=${2:?--jobs needs a value}; shift 2 ;;
-    --systems) systems=${2:?--systems needs a value}; shift 2 ;;
-    *) usage >&2; printf '[precision_check] error: unknown argument %s (see --help)\n' "$1" >&2; exit 2 ;;
+    --pair) need "$@"; pair=$2; shift 2 ;;
+    --updates) need "$@"; updates=$2; shift 2 ;;
+    --warmup) need "$@"; warmup=$2; shift 2 ;;
+    --jobs) need "$@"; jobs=$2; shift 2 ;;
+    --systems) need "$@"; systems=$2; shift 2 ;;
+    *) usage_error "unknown argument $1" ;;
   esac
 done
 activate_env

@@ -18,25 +18,27 @@
 #                                                     the BPE codes/vocab, and stats.json
 # Idempotent and resumable: each stage is built in a temporary folder, renamed into place when
 # complete, and skipped next time when its settings are unchanged (--force redoes all stages).
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 pair="" src_dir="" tok_flag="" bpe_flag="" merges_flag="" max_len_flag="" force=0
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --pair) pair=${2:?--pair needs a value}; shift 2 ;;
-    --src-dir) src_dir=${2:?--src-dir needs a value}; shift 2 ;;
+    --pair) need "$@"; pair=$2; shift 2 ;;
+    --src-dir) need "$@"; src_dir=$2; shift 2 ;;
     --tokenized) tok_flag=true; shift ;;
     --raw) tok_flag=false; shift ;;
-    --bpe) bpe_flag=${2:?--bpe needs a value}; shift 2 ;;
-    --merges) merges_flag=${2:?--merges needs a value}; shift 2 ;;
-    --max-len) max_len_flag=${2:?--max-len needs a value}; shift 2 ;;
+    --bpe) need "$@"; bpe_flag=$2; shift 2 ;;
+    --merges) need "$@"; merges_flag=$2; shift 2 ;;
+    --max-len) need "$@"; max_len_flag=$2; shift 2 ;;
     --force) force=1; shift ;;
     -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown argument: $1" ;;
+    -*) usage_error "unknown option $1" ;;
+    *) [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
   esac
 done
-[[ -n $pair ]] || { usage >&2; die "--pair is required"; }
+[[ -n $pair ]] || usage_error "name a pair: PAIR or --pair PAIR"
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 
 eval "$(python -m qknorm_fairseq.corpora config --pair "$pair")"

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> compare -> plots.
-#   bash scripts/reproduce.sh                     the offline demo: a generated synthetic task,
-#                                                 systems postnorm and qknorm (minutes on a CPU)
-#   bash scripts/reproduce.sh PAIR [--systems "S1 S2 ..."] [--seeds N] [--gpus N] [--precision bf16]
-#                             [-- extra fairseq-train flags]
-# --seeds N trains and evaluates every system with seeds 1..N (runs SYSTEM, SYSTEM_seed2, ...;
-# each resumes on its own); the table then gives mean ± sd over seeds, every seed's score and a
-# significance test over seeds and sentences (docs/training.md, "Several seeds").
-# --gpus N and --precision go to scripts/train.sh (N GPU processes, the papers' update size kept).
-# PAIR: gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet) or demo, or your own
-# pair once prepared: bash scripts/prepare.sh --pair xx-yy --src-dir DIR (no config needed).
-# Default systems for the real pairs: postnorm prenorm fixnorm scalenorm qknorm (TwT Table 3
-# and QKNorm Table 2); SYSTEMS="..." in the environment works too.
+# One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> plots -> compare.
+#   bash scripts/reproduce.sh [PAIR] [--systems "S1 S2 ..."] [--seeds N] [--gpus N]
+#                             [--precision fp32|fp16|bf16] [--verbose] [-- extra fairseq-train flags]
+#   PAIR (or --pair PAIR)   gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet),
+#                           demo (the default: an offline synthetic task, systems postnorm and
+#                           qknorm, minutes on a CPU), or your own pair once prepared:
+#                           bash scripts/prepare.sh --pair xx-yy --src-dir DIR (no config needed)
+#   --systems "S1 S2 ..."   systems to train and compare (SYSTEMS="..." in the environment works too);
+#                           default for the real pairs: postnorm prenorm fixnorm scalenorm qknorm
+#                           (TwT Table 3 and QKNorm Table 2)
+#   --seeds N               every system with seeds 1..N (runs SYSTEM, SYSTEM_seed2, ...; each
+#                           resumes on its own); the table gives mean ± sd over seeds, every seed's
+#                           score and a significance test over seeds and sentences (docs/training.md)
+#   --gpus N, --precision P go to scripts/train.sh (N GPU processes, the papers' update size kept)
+#   --verbose               every tool's whole output instead of one line per stage (= VERBOSE=1)
+#   -h, --help              this help
+# Prints one line per stage (what, where, how long), the progress of each training and decoding,
+# then the table; everything else goes to log files under $LOG_DIR/PAIR/, named once.
 # Every stage is idempotent: re-running resumes where an interruption stopped it.
+# Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
@@ -20,21 +26,18 @@ pair="" systems=${SYSTEMS:-} seeds=1 train_extra=() train_opts=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
-    --systems) systems=${2:?--systems needs a value}; shift 2 ;;
-    --seeds) seeds=${2:?--seeds needs a number}; shift 2 ;;
-    --gpus|--precision) train_opts+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
+    --pair) need "$@"; set -- "$2" "${@:3}" ;;
+    --systems) need "$@"; systems=$2; shift 2 ;;
+    --seeds) need "$@"; seeds=$2; shift 2 ;;
+    --gpus|--precision) need "$@"; train_opts+=("$1" "$2"); shift 2 ;;
+    --verbose) VERBOSE=1; shift ;;
     --) shift; train_extra=("$@"); break ;;
-    -*) usage >&2; die "unknown option: $1" ;;
-    *) [[ -z $pair ]] || die "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
+    -*) usage_error "unknown option $1" ;;
+    *) [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
   esac
 done
 pair=${pair:-demo}
-[[ $seeds =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive integer, got '$seeds'"
-own_data=0
-if [[ ! -f $ROOT/configs/$pair.yaml || $pair == base ]]; then
-  [[ -f $DATA_BIN/$pair/stats.json ]] || die "unknown pair '$pair': choose one of $(cd "$ROOT/configs" && ls *.yaml | grep -vx base.yaml | sed 's/\.yaml$//' | tr '\n' ' ')or prepare your own corpus first: bash scripts/prepare.sh --pair $pair --src-dir DIR"
-  own_data=1
-fi
+[[ $seeds =~ ^[1-9][0-9]*$ ]] || usage_error "--seeds must be a positive integer, got '$seeds'"
 if [[ -z $systems ]]; then
   if [[ $pair == demo ]]; then systems="postnorm qknorm"; else systems="postnorm prenorm fixnorm scalenorm qknorm"; fi
 fi
@@ -44,38 +47,51 @@ done
 
 activate_env
 cd "$ROOT"
+check_pair "$pair"
 t0=$SECONDS
-log "== $pair: data"
-if [[ $own_data == 1 ]]; then
-  log "$pair: your own corpus, prepared in $DATA_BIN/$pair (rerun scripts/prepare.sh --src-dir to change it)"
+logs=$LOG_DIR/$pair
+results=$RESULTS_DIR/$pair
+log "$pair: systems $systems; logs in $(short "$logs")/, results in $(short "$results")/"
+
+t=$SECONDS
+mkdir -p "$logs" && : >"$logs/data.log"  # each run's own output
+if [[ ! -f $ROOT/configs/$pair.yaml ]]; then
+  log "data: your own corpus, prepared in $(short "$DATA_BIN/$pair") (rerun scripts/prepare.sh --src-dir to change it)"
 else
-  bash scripts/download.sh --pair "$pair"
-  bash scripts/prepare.sh --pair "$pair"
+  quietly "$logs/data.log" bash scripts/download.sh --pair "$pair" || die "download of $pair failed; log: $(short "$logs/data.log")"
+  quietly "$logs/data.log" bash scripts/prepare.sh --pair "$pair" || die "preparing $pair failed; log: $(short "$logs/data.log")"
+  log "data: $(short "$DATA_BIN/$pair") ready in $(( SECONDS - t )) s (log $(short "$logs/data.log"))"
 fi
+
 for s in $systems; do
   for k in $(seq 1 "$seeds"); do
     run=$s seed_opt=()  # seed 1: the recipe's own run
     if [[ $k != 1 ]]; then run=${s}_seed$k seed_opt=(--seed "$k"); fi
-    log "== $pair: training $run ($(( SECONDS - t0 )) s so far)"
     bash scripts/train.sh "${train_opts[@]}" "${seed_opt[@]}" "$pair" "$s" "${train_extra[@]}"
-    log "== $pair: evaluating $run"
     bash scripts/evaluate.sh "$pair" "$run"
   done
 done
-log "== $pair: comparing $systems"
-bash scripts/compare.sh "$pair"
-log "== $pair: plots (results/README.md explains each)"
-python -m qknorm_fairseq.plots dev-bleu --pair "$pair" --log-dir "$LOG_DIR" --out "$RESULTS_DIR/$pair/dev_bleu.png"
-python -m qknorm_fairseq.plots grad-norm --pair "$pair" --log-dir "$LOG_DIR" --out "$RESULTS_DIR/$pair/grad_norm.png"
-python -m qknorm_fairseq.plots scales --pair "$pair" --ckpt-dir "$CKPT_DIR" --out "$RESULTS_DIR/$pair/scales.png"
-# QKNorm Figures 1-2: encoder self-attention of one test sentence, softmax baseline against QKNorm
+
+# TwT Figures 1-4 and, with a softmax baseline beside qknorm, QKNorm Figures 1-2 (results/README.md)
+t=$SECONDS
+: >"$logs/plots.log"
+plots=(dev_bleu grad_norm scales)
+quietly "$logs/plots.log" python -m qknorm_fairseq.plots dev-bleu --pair "$pair" --log-dir "$LOG_DIR" --out "$results/dev_bleu.png" \
+  && quietly "$logs/plots.log" python -m qknorm_fairseq.plots grad-norm --pair "$pair" --log-dir "$LOG_DIR" --out "$results/grad_norm.png" \
+  && quietly "$logs/plots.log" python -m qknorm_fairseq.plots scales --pair "$pair" --ckpt-dir "$CKPT_DIR" --out "$results/scales.png" \
+  || die "a plot failed; log: $(short "$logs/plots.log")"
 if [[ " $systems " == *" qknorm "* ]]; then
   for base in postnorm prenorm fixnorm scalenorm; do
     [[ " $systems " == *" $base "* ]] || continue
-    python -m qknorm_fairseq.plots attention --ckpt "$base=$CKPT_DIR/$pair/$base/checkpoint_best.pt" \
+    quietly "$logs/plots.log" python -m qknorm_fairseq.plots attention --ckpt "$base=$CKPT_DIR/$pair/$base/checkpoint_best.pt" \
       --ckpt "qknorm=$CKPT_DIR/$pair/qknorm/checkpoint_best.pt" --data-bin "$DATA_BIN/$pair" \
-      --index 0 --layer 0 --out "$RESULTS_DIR/$pair/attention.png"
+      --index 0 --layer 0 --out "$results/attention.png" || die "the attention plot failed; log: $(short "$logs/plots.log")"
+    plots+=(attention)
     break
   done
 fi
-log "== $pair: finished in $(( SECONDS - t0 )) s; table: $RESULTS_DIR/$pair/compare.md, plots: $RESULTS_DIR/$pair/*.png"
+grep -h '^warning: ' "$logs/plots.log" >&2 || true  # ours (plots.py), e.g. a checkpoint without learned scales
+log "plots: $(short "$results")/{$(IFS=,; echo "${plots[*]}")}.png in $(( SECONDS - t )) s (log $(short "$logs/plots.log"))"
+
+bash scripts/compare.sh "$pair"
+log "$pair: finished in $(( SECONDS - t0 )) s; table $(short "$results/compare.md")"

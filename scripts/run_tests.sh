@@ -2,6 +2,8 @@
 # Installs (or reuses) .venv and runs the default test suite.
 #   bash scripts/run_tests.sh [pytest args...]
 # Slow system runs are excluded by default; run them with: bash scripts/run_tests.sh -m slow
+# Every argument goes to pytest (python -m pytest --help lists them), e.g. -k NAME, -x, -q.
+case ${1:-} in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 activate_env
 cd "$ROOT"

@@ -12,6 +12,8 @@
 #   --max-update N   a smaller budget for a smoke run; its runs and results go to folders named
 #                    NAME-uN, apart from the study's
 #   --report-only    rebuild the report from the runs done so far' logs and test scores
+#   --verbose        every tool's whole output instead of the progress lines (= VERBOSE=1)
+#   -h, --help       this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 # Steps, each resumable (the study spans sessions; re-run the same command to go on):
 #   1. bash scripts/prepare.sh --pair PAIR --src-dir SOURCE --tokenized into the study's own
 #      $DATA_DIR/NAME and $DATA_BIN/NAME (skipped when done)
@@ -29,17 +31,18 @@ invocation="bash scripts/study.sh $*"
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
-    --config) config=${2:?--config needs a file}; shift 2 ;;
-    --systems) systems=${2:?--systems needs a list}; shift 2 ;;
-    --seeds) seeds=${2:?--seeds needs a number}; shift 2 ;;
-    --max-update) max_update=${2:?--max-update needs a number}; shift 2 ;;
+    --config) need "$@"; config=$2; shift 2 ;;
+    --systems) need "$@"; systems=$2; shift 2 ;;
+    --seeds) need "$@"; seeds=$2; shift 2 ;;
+    --max-update) need "$@"; max_update=$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
-    *) usage >&2; die "unknown argument: $1 (see --help)" ;;
+    --verbose) VERBOSE=1; shift ;;
+    *) usage_error "unknown argument $1" ;;
   esac
 done
-[[ -f $config ]] || die "no study config $config (see configs/studies/)"
-[[ -z $seeds || $seeds =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive integer, got '$seeds'"
-[[ -z $max_update || $max_update =~ ^[1-9][0-9]*$ ]] || die "--max-update must be a positive integer, got '$max_update'"
+[[ -f $config ]] || usage_error "no study config $config (see configs/studies/)"
+[[ -z $seeds || $seeds =~ ^[1-9][0-9]*$ ]] || usage_error "--seeds must be a positive integer, got '$seeds'"
+[[ -z $max_update || $max_update =~ ^[1-9][0-9]*$ ]] || usage_error "--max-update must be a positive integer, got '$max_update'"
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 cd "$ROOT"
 
@@ -75,7 +78,16 @@ train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped
   fi
   mkdir -p "$save_dir" "$log_dir"
   printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "${cmd[@]}")" >>"$log_dir/train.log"
-  "${cmd[@]}" 2>&1 | tee -a "$log_dir/train.log"
+  log "training $pair/$run (plain fairseq-train); log $(short "$log_dir/train.log"), checkpoints $(short "$save_dir")/"
+  set +e
+  "${cmd[@]}" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_dir/train.log" --max-update "$n_updates" \
+    --label "$pair/$run" --tag train
+  local status=("${PIPESTATUS[@]}")
+  set -e
+  if [[ ${status[0]} != 0 ]]; then
+    [[ $VERBOSE == 1 ]] || tail -n 15 "$log_dir/train.log" >&2
+    die "training $pair/$run failed (exit ${status[0]}); full log: $(short "$log_dir/train.log")"
+  fi
   printf '%s\n' "$sig" >"$save_dir/.done.tmp" && mv -f "$save_dir/.done.tmp" "$save_dir/.done"
 }
 
@@ -84,26 +96,25 @@ if [[ $report_only == 0 ]]; then
     [[ -f $src_dir/$f.$l ]] || die "missing $src_dir/$f.$l: the study needs the shared TED corpus there (source_dir in $config)"
   done; done
   log "study $name: systems ($systems), seeds 1..$seeds, $n_updates updates each; $n_runs runs"
-  bash "$ROOT/scripts/prepare.sh" --pair "$pair" --src-dir "$src_dir" --tokenized
+  mkdir -p "$LOG_DIR/$pair"
+  quietly "$LOG_DIR/$pair/data.log" bash "$ROOT/scripts/prepare.sh" --pair "$pair" --src-dir "$src_dir" --tokenized \
+    || die "preparing $pair failed; log: $(short "$LOG_DIR/$pair/data.log")"
+  log "data: $(short "$DATA_BIN/$pair") ready (log $(short "$LOG_DIR/$pair/data.log"))"
   for seed in $(seq 1 "$seeds"); do
     for system in $systems; do
       i=$((i + 1))
       run=$system; (( seed > 1 )) && run=${system}_seed$seed
       label="run $i/$n_runs $run"
-      log "$label: training (log: $LOG_DIR/$pair/$run/train.log)"
+      log "$label"
       if [[ $system == "$stock" ]]; then
-        train_stock "$seed" "$run" 2>&1 | study follow --label "$label" --max-update "$n_updates" \
-          || die "$label: training failed, see $LOG_DIR/$pair/$run/train.log"
+        train_stock "$seed" "$run"
       else
         line=$(study train-flags "$config" "$system" --data-bin "$DATA_BIN/$pair" "${budget_args[@]}") \
           || die "study train-flags failed"
         eval "flags=($line)"
-        bash "$ROOT/scripts/train.sh" --seed "$seed" "$pair" "$system" "${flags[@]}" 2>&1 \
-          | study follow --label "$label" --max-update "$n_updates" \
-          || die "$label: training failed, see $LOG_DIR/$pair/$run/train.log"
+        bash "$ROOT/scripts/train.sh" --seed "$seed" "$pair" "$system" "${flags[@]}" || die "$label: training failed (see above)"
       fi
-      log "$label: decoding the test set"
-      bash "$ROOT/scripts/evaluate.sh" "$pair" "$run" >/dev/null || die "$label: evaluation failed (see above)"
+      bash "$ROOT/scripts/evaluate.sh" "$pair" "$run" || die "$label: evaluation failed (see above)"
     done
   done
 fi

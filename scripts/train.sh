@@ -32,12 +32,18 @@ Options (before PAIR):
                                the update is split over all M x N processes.
                                scripts/slurm_train.sbatch does this under Slurm
   --dry-run                    print the command and exit
+  --verbose                    show fairseq's whole output instead of the progress display
+                               (the same as VERBOSE=1)
+  -h, --help                   this help
 Extra flags go to fairseq-train unchanged and win over the recipe, e.g. --max-update 200 for a short
 run.
 
-Writes checkpoints to \$CKPT_DIR/PAIR/NAME/ (checkpoint_best.pt by dev BLEU, checkpoint_last.pt) and
-the fairseq JSON log to \$LOG_DIR/PAIR/NAME/train.log. Re-running resumes from checkpoint_last.pt;
-a run that finished with the same command is skipped.
+Prints one line when training starts, then the progress (update / max update, loss, last dev BLEU,
+LR, updates per second, ETA: a redrawn bar on a terminal, a line per validation otherwise), then a
+summary. Writes checkpoints to \$CKPT_DIR/PAIR/NAME/ (checkpoint_best.pt by dev BLEU,
+checkpoint_last.pt) and fairseq's whole output (JSON log records) to \$LOG_DIR/PAIR/NAME/train.log.
+Re-running resumes from checkpoint_last.pt; a run that finished with the same command is skipped.
+Exit status: 0 trained (or already trained), 2 a usage error (this script's or fairseq's), 1 a failure.
 EOF
 }
 
@@ -45,38 +51,39 @@ precision=fp32 schedule="" stop_rule=() paper_len=() name="" seed="" dry=0 gpus=
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
-    --precision) precision=${2:?--precision needs fp32, fp16 or bf16}; shift 2 ;;
-    --schedule) schedule=${2:?--schedule needs a name}; shift 2 ;;
-    --stopping) stop_rule=(--stopping "${2:?--stopping needs a name}"); shift 2 ;;
+    --precision) need "$@"; precision=$2; shift 2 ;;
+    --schedule) need "$@"; schedule=$2; shift 2 ;;
+    --stopping) need "$@"; stop_rule=(--stopping "$2"); shift 2 ;;
     --paper-qknorm-length) paper_len=(--paper-qknorm-length); shift ;;
-    --name) name=${2:?--name needs a value}; shift 2 ;;
-    --seed) seed=${2:?--seed needs a number}; shift 2 ;;
+    --name) need "$@"; name=$2; shift 2 ;;
+    --seed) need "$@"; seed=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
-    --gpus) gpus=${2:?--gpus needs a number}; shift 2 ;;
-    --max-tokens-per-gpu) per_gpu=${2:?--max-tokens-per-gpu needs a number}; shift 2 ;;
-    --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
-    --node-rank) node_rank=${2:?--node-rank needs a number}; shift 2 ;;
-    --master) master=${2:?--master needs HOST:PORT}; shift 2 ;;
+    --verbose) VERBOSE=1; shift ;;
+    --gpus) need "$@"; gpus=$2; shift 2 ;;
+    --max-tokens-per-gpu) need "$@"; per_gpu=$2; shift 2 ;;
+    --nodes) need "$@"; nodes=$2; shift 2 ;;
+    --node-rank) need "$@"; node_rank=$2; shift 2 ;;
+    --master) need "$@"; master=$2; shift 2 ;;
     --) shift; break ;;
-    -*) die "unknown option $1 before PAIR SYSTEM (see --help); fairseq flags go after PAIR SYSTEM" ;;
+    -*) usage_error "unknown option $1 before PAIR SYSTEM; fairseq flags go after PAIR SYSTEM" ;;
     *) break ;;
   esac
 done
-[[ $# -ge 2 ]] || { usage >&2; die "need PAIR and SYSTEM"; }
+[[ $# -ge 2 ]] || usage_error "need PAIR and SYSTEM"
 pair=$1 system=$2
 shift 2
 extra=("$@")
-case $precision in fp32|fp16|bf16) ;; *) die "--precision must be fp32, fp16 or bf16, got '$precision'" ;; esac
-[[ -z $gpus || $gpus =~ ^[1-9][0-9]*$ ]] || die "--gpus must be a positive integer, got '$gpus'"
-[[ -z $per_gpu || $per_gpu =~ ^[1-9][0-9]*$ ]] || die "--max-tokens-per-gpu must be a positive integer, got '$per_gpu'"
-[[ -z $per_gpu || -n $gpus ]] || die "--max-tokens-per-gpu goes with --gpus N"
-[[ $nodes =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '$nodes'"
+case $precision in fp32|fp16|bf16) ;; *) usage_error "--precision must be fp32, fp16 or bf16, got '$precision'" ;; esac
+[[ -z $gpus || $gpus =~ ^[1-9][0-9]*$ ]] || usage_error "--gpus must be a positive integer, got '$gpus'"
+[[ -z $per_gpu || $per_gpu =~ ^[1-9][0-9]*$ ]] || usage_error "--max-tokens-per-gpu must be a positive integer, got '$per_gpu'"
+[[ -z $per_gpu || -n $gpus ]] || usage_error "--max-tokens-per-gpu goes with --gpus N"
+[[ $nodes =~ ^[1-9][0-9]*$ ]] || usage_error "--nodes must be a positive integer, got '$nodes'"
 if (( nodes > 1 )); then
-  [[ -n $gpus ]] || die "--nodes $nodes goes with --gpus N (GPUs per machine)"
-  [[ $node_rank =~ ^[0-9]+$ ]] && (( node_rank < nodes )) || die "--nodes $nodes needs --node-rank 0..$((nodes - 1)), got '$node_rank'"
-  [[ $master =~ ^[^:]+:[0-9]+$ ]] || die "--nodes $nodes needs --master HOST:PORT (the machine of --node-rank 0), got '$master'"
+  [[ -n $gpus ]] || usage_error "--nodes $nodes goes with --gpus N (GPUs per machine)"
+  [[ $node_rank =~ ^[0-9]+$ ]] && (( node_rank < nodes )) || usage_error "--nodes $nodes needs --node-rank 0..$((nodes - 1)), got '$node_rank'"
+  [[ $master =~ ^[^:]+:[0-9]+$ ]] || usage_error "--nodes $nodes needs --master HOST:PORT (the machine of --node-rank 0), got '$master'"
 fi
-[[ -z $seed || $seed =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$seed'"
+[[ -z $seed || $seed =~ ^[0-9]+$ ]] || usage_error "--seed must be a non-negative integer, got '$seed'"
 seed_args=() seed_tag=""
 if [[ -n $seed ]]; then seed_args=(--seed "$seed"); fi
 if [[ -n $seed && $seed != 1 ]]; then seed_tag=_seed$seed; fi
@@ -92,8 +99,8 @@ sched_args=()
 err=$(mktemp)
 if ! recipe_line=$(python -m qknorm_fairseq.recipes train-args "$pair" "$system" "${sched_args[@]}" \
     "${stop_rule[@]}" "${paper_len[@]}" --data-bin "$DATA_BIN/$pair" --save-dir "$save_dir" 2>"$err"); then
-  grep -v tensorboardX "$err" >&2; rm -f "$err"
-  die "no recipe for $pair $system (see the message above)"
+  msg=$(grep -v tensorboardX "$err" | tail -n 1); rm -f "$err"
+  usage_error "${msg#*error: }"
 fi
 grep -v tensorboardX "$err" >&2 || true
 rm -f "$err"
@@ -155,20 +162,36 @@ if [[ $dry == 1 ]]; then
 fi
 
 [[ -f $DATA_BIN/$pair/dict.$(recipe "$pair" src).txt ]] \
-  || die "no binarized data in $DATA_BIN/$pair: run bash scripts/prepare.sh --pair $pair first"
+  || die "no binarized data in $(short "$DATA_BIN/$pair"): run bash scripts/prepare.sh --pair $pair first"
 signature=$(printf '%q ' "${cmd[@]}" | sha1sum | cut -d' ' -f1)
 if [[ -f $save_dir/.done && $(cat "$save_dir/.done") == "$signature" ]]; then
-  log "$pair/$name already trained with this command; checkpoints in $save_dir (delete $save_dir/.done to retrain)"
+  log "$pair/$name already trained with this command: $(short "$save_dir")/checkpoint_best.pt (delete $(short "$save_dir")/.done to retrain)"
   exit 0
 fi
 
+# the run's --max-update (the last one given wins, as in fairseq) for the progress display
+max_update=0
+for ((i = 0; i < ${#cmd[@]}; i++)); do
+  case ${cmd[i]} in --max-update) max_update=${cmd[i + 1]} ;; --max-update=*) max_update=${cmd[i]#*=} ;; esac
+done
+
 mkdir -p "$save_dir" "$log_dir"
-log "training $pair/$name ($system) on $where"
-log "checkpoints: $save_dir"
-log "log:         $log_dir/train.log"
+log "training $pair/$name ($system) on $where; log $(short "$log_dir/train.log"), checkpoints $(short "$save_dir")/"
 printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "${cmd[@]}")" >>"$log_dir/train.log"
-"${cmd[@]}" 2>&1 | tee -a "$log_dir/train.log"
+# fairseq's whole output goes to train.log through the progress display (qknorm_fairseq/progress.py)
+set +e
+"${cmd[@]}" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_dir/train.log" --max-update "$max_update" \
+  --label "$pair/$name" --tag train
+status=("${PIPESTATUS[@]}")
+set -e
+if [[ ${status[0]} == 2 ]]; then
+  # fairseq's argument parser refused a flag: its own one-line message, not the usage block
+  msg=$(grep -E '(^|: )error: ' "$log_dir/train.log" | tail -n 1)
+  usage_error "fairseq-train: ${msg#*error: } (full output: $(short "$log_dir/train.log"))"
+fi
+if [[ ${status[0]} != 0 ]]; then
+  [[ $VERBOSE == 1 ]] || tail -n 15 "$log_dir/train.log" >&2
+  die "training $pair/$name failed (exit ${status[0]}); full log: $(short "$log_dir/train.log")"
+fi
+[[ ${status[1]} == 0 ]] || die "the progress display failed (exit ${status[1]}); training finished, log: $(short "$log_dir/train.log")"
 printf '%s\n' "$signature" >"$save_dir/.done.tmp" && mv -f "$save_dir/.done.tmp" "$save_dir/.done"
-log "done: $pair/$name"
-log "checkpoints: $save_dir/checkpoint_best.pt (best dev BLEU), $save_dir/checkpoint_last.pt"
-log "log:         $log_dir/train.log"

@@ -127,4 +127,4 @@ def test_evaluate_and_compare_scripts_on_tiny_model():
     assert table["baseline"] == "postnorm" and len(table["rows"]) == 2
     missing = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "nosuch"],
                              env=env, capture_output=True, text=True)
-    assert missing.returncode != 0 and "no checkpoint" in missing.stderr
+    assert missing.returncode == 2 and "unknown system 'nosuch'" in missing.stderr

@@ -1,6 +1,7 @@
 """The offline demo end to end: `bash scripts/reproduce.sh` with no argument (slow: ~5 min on 2 cores)."""
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -12,10 +13,13 @@ from conftest import brute_force_bootstrap_p
 @pytest.mark.slow
 def test_reproduce_demo_end_to_end_and_resume(tmp_path):
     env = pipeline_env(str(tmp_path))
+    env.pop("VERBOSE", None)
     cmd = ["bash", os.path.join(REPO, "scripts", "reproduce.sh")]
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "| qknorm |" in first.stdout and "Baseline: postnorm" in first.stdout
+    # what a user sees, captured as a non-terminal (CI, nohup, | tee): stdout and stderr in one stream
+    first = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = first.stdout
+    assert first.returncode == 0, seen[-3000:]
+    assert_readable_transcript(seen)
 
     table = json.loads((tmp_path / "results" / "demo" / "compare.json").read_text())
     rows = {r["system"]: r for r in table["rows"]}
@@ -34,7 +38,36 @@ def test_reproduce_demo_end_to_end_and_resume(tmp_path):
     assert len(hyp) == len((tmp_path / "data" / "demo" / "tok" / "test.tgt").read_text().splitlines())
 
     # re-running resumes: every stage sees its finished output and the table is unchanged
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "already trained" in again.stderr and "already evaluated" in again.stderr
+    again = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "already trained" in again.stdout and "already evaluated" in again.stdout
+    assert len(again.stdout.splitlines()) < len(seen.splitlines()) and "| qknorm |" in again.stdout
     assert json.loads((tmp_path / "results" / "demo" / "compare.json").read_text())["rows"] == table["rows"]
+
+
+def assert_readable_transcript(seen):
+    lines = seen.splitlines()
+    assert len(lines) <= 60, f"{len(lines)} lines:\n{seen}"
+    # one line per stage: what, where, how long
+    for pattern in (r"^\[reproduce [\d:]+\] demo: systems postnorm qknorm; logs in \S+, results in \S+$",
+                    r"^\[reproduce [\d:]+\] data: \S+ ready in \d+ s \(log \S+data\.log\)$",
+                    r"^\[train [\d:]+\] training demo/postnorm \(postnorm\) on CPU \(fp32\); log \S+train\.log",
+                    r"^\[train [\d:]+\] demo/qknorm: 600 updates in \d+:\d\d, loss [\d.]+, best dev BLEU [\d.]+",
+                    r"^\[evaluate [\d:]+\] decoding demo/qknorm: 300 test sentences with \S+checkpoint_best\.pt",
+                    r"^\[evaluate [\d:]+\] demo/postnorm: decoded 300/300 sentences in \d+:\d\d",
+                    r"^\[evaluate [\d:]+\] demo/qknorm: test multi_bleu [\d.]+ \(detok none\)",
+                    r"^\[reproduce [\d:]+\] plots: \S+\{dev_bleu,grad_norm,scales,attention\}\.png in \d+ s",
+                    r"^\[reproduce [\d:]+\] demo: finished in \d+ s; table \S+compare\.md$"):
+        assert re.search(pattern, seen, re.M), f"no line like {pattern!r} in:\n{seen}"
+    # live progress as plain lines: one per validation (every 100 updates), with the ETA
+    progress = re.findall(r"^\[train [\d:]+\] demo/(\w+) (\d+)/600 updates  loss [\d.]+  dev BLEU [\d.]+  "
+                          r"lr [\d.e+-]+  [\d.]+ upd/s  ETA \d+:\d\d$", seen, re.M)
+    updates = [int(u) for s, u in progress if s == "qknorm"]
+    # a line at every validation; on a slow machine also one every 5 minutes in between
+    assert set(range(100, 601, 100)) <= set(updates) and updates == sorted(updates), seen
+    # the table last
+    assert "| qknorm |" in seen and "Baseline: postnorm" in seen
+    assert seen.index("| qknorm |") > seen.index("plots: ")
+    # nothing the user cannot act on
+    for noise in ("DEBUG", "eprecat", "Warning", "Traceback", "| INFO |", "INFO:"):
+        assert noise not in seen, f"{noise!r} in:\n{seen}"

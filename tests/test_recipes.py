@@ -6,6 +6,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -134,8 +135,8 @@ def test_generate_args_parse_with_fairseq():
 
 
 def _cli(*argv):
-    # as scripts/train.sh runs it
-    return subprocess.run(["python", "-m", "qknorm_fairseq.recipes", *argv],
+    # as scripts/train.sh runs it (`python -m` skips fairseq's import: qknorm_fairseq/__init__.py)
+    return subprocess.run([sys.executable, "-m", "qknorm_fairseq.recipes", *argv],
                           capture_output=True, text=True, cwd=tiny.REPO, env=tiny.env())
 
 
@@ -186,7 +187,11 @@ def test_train_sh_trains_and_writes_the_log(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     save, log = tmp_path / "ck" / "demo" / "postnorm", tmp_path / "logs" / "demo" / "postnorm" / "train.log"
     assert (save / "checkpoint_best.pt").exists() and (save / "checkpoint_last.pt").exists()
-    assert f"checkpoints: {save}" in p.stderr and f"log:         {log}" in p.stderr
+    assert f"log {log}, checkpoints {save}/" in p.stderr
+    # the progress display without a terminal: a line per validation, then the summary
+    assert re.search(r"demo/postnorm 2/4 updates  loss [\d.]+  dev BLEU [\d.]+  lr ", p.stderr), p.stderr
+    assert re.search(r"demo/postnorm: 4 updates in \d+:\d\d, loss [\d.]+, best dev BLEU", p.stderr), p.stderr
+    assert "| INFO |" not in p.stderr + p.stdout  # fairseq's own lines are in the log only
     text = log.read_text()
     assert re.search(r"\| INFO \| train_inner \| \{.*\"num_updates\": \"4\"", text)
     valid = re.findall(r"\| INFO \| valid \| (\{.*\})", text)

@@ -154,17 +154,6 @@ def test_report_tables_and_curves(tmp_path):
         study.report(cfg, str(tmp_path / "logs"), str(tmp_path / "none.json"), str(tmp_path / "out"))
 
 
-def test_follow_prints_progress(capsys):
-    lines = [_line("12:00:01", "train_inner", {"num_updates": 10, "loss": 9.25}),
-             _line("12:00:02", "valid", {"valid_loss": 8, "valid_bleu": 1.234, "valid_num_updates": 20}),
-             "2026-01-01 12:00:03 | INFO | fairseq.trainer | begin training epoch 1\n",
-             "[train 12:00:04] error: no binarized data\n"]
-    study.follow(iter(lines), "run 1/2 postnorm", 40)
-    out = capsys.readouterr().out.splitlines()
-    assert out == ["[study] run 1/2 postnorm: update 10/40, loss 9.250",
-                   "[study] run 1/2 postnorm: update 20/40, dev BLEU 1.23", "[train 12:00:04] error: no binarized data"]
-
-
 @pytest.mark.slow
 def test_study_smoke_run(tmp_path):
     """scripts/study.sh end to end with 20 updates, 1 seed, two of our systems and the stock row, on a

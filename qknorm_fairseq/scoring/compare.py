@@ -21,6 +21,7 @@ from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, ScoringError
 from .evaluate import METRICS, score_runs, score_systems, write_atomic
 from .significance import replicate_bootstrap
+from ..cli import Parser
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
 DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
@@ -237,8 +238,8 @@ def read(path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", required=True)
     ap.add_argument("--results-dir", required=True)
     ap.add_argument("--published", default=DEFAULT_PUBLISHED)
@@ -260,7 +261,7 @@ def main(argv=None):
         return 2
     base = write(table, args.results_dir)
     print(to_markdown(table))
-    print(f"wrote {base}.md, {base}.csv, {base}.json", file=sys.stderr)
+    print(f"wrote {shareable(base)}.{{md,csv,json}}", file=sys.stderr)
     return 0
 
 

@@ -18,6 +18,7 @@ import sys
 
 from . import bleu
 from .significance import approximate_randomization, paired_bootstrap
+from ..cli import Parser
 
 METRICS = ("multi_bleu", "multi_bleu_detok", "sacrebleu")
 
@@ -117,8 +118,8 @@ def write_atomic(path, text):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m qknorm_fairseq.scoring", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.scoring", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", action="append", required=True,
                     help="reference file (repeat for multiple references)")
     ap.add_argument("--sys", action="append", required=True, metavar="NAME=HYP",

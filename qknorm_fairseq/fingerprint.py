@@ -1,0 +1,80 @@
+"""The identity of a result: what must be unchanged for a stored result to be reused.
+
+    python -m qknorm_fairseq.fingerprint [--file PATH ...] -- COMMAND [ARGS...]
+
+Prints one SHA-256 over: the content of every --file (the checkpoint, the reference, the test
+data), the whole COMMAND line (every decoding flag: beam, length normalisation, search, precision,
+and the scorer's settings given after it), the versions of the packages that decode and score
+(PACKAGES), and the source of this package's modules on that path (CODE). scripts/evaluate.sh
+stores it beside a result and decodes again whenever it differs. Imports no fairseq.
+"""
+import argparse
+import hashlib
+import os
+import sys
+from importlib import metadata
+
+from .cli import Parser, run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
+# modules of this package that a decoding or a score depends on
+CODE = ("model.py", "attention.py", "norms.py", "embeddings.py", "architectures.py", "task.py", "twt_search.py",
+        "checkpoint_compat.py", "scoring/bleu.py", "scoring/evaluate.py")
+
+
+def file_digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def versions():
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def parts(files, command):
+    """Everything the fingerprint covers, as a JSON-ready dict."""
+    return {"files": [file_digest(p) for p in files], "command": list(command), "versions": versions(),
+            "code": {m: file_digest(os.path.join(HERE, m)) for m in CODE}}
+
+
+def fingerprint(files, command):
+    h = hashlib.sha256()
+    p = parts(files, command)
+    for key in ("files", "command"):
+        for item in p[key]:
+            h.update(item.encode("utf-8") + b"\0")
+    for table in (p["versions"], p["code"]):
+        for k in sorted(table):
+            h.update(f"{k}={table[k]}".encode("utf-8") + b"\0")
+    return h.hexdigest()
+
+
+def main(argv=None):
+    ap = Parser(prog="python -m qknorm_fairseq.fingerprint", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--file", action="append", default=[], metavar="PATH",
+                    help="a file whose content is part of the identity (repeatable)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the command line")
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("give the command after --")
+    missing = [p for p in args.file if not os.path.isfile(p)]
+    if missing:
+        ap.error(f"--file {missing[0]} does not exist")
+    print(fingerprint(args.file, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

@@ -1,0 +1,226 @@
+"""Live progress of a training or decoding run, read from the output fairseq already writes.
+
+    python -m qknorm_fairseq.train ... 2>&1 | python -m qknorm_fairseq.progress train --log FILE
+        [--max-update N] [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
+    fairseq-generate ... 2>>LOG | python -m qknorm_fairseq.progress decode --log FILE --total N
+        [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
+
+Every input line is appended to --log unchanged, so the whole fairseq log stays on disk. Training
+progress comes from fairseq's JSON records (`--log-format json`: `train_inner` every
+--log-interval updates, `valid` at each validation); decoding progress counts fairseq-generate's
+`S-` lines (one per sentence). On a terminal a tqdm bar is redrawn on stderr; otherwise (CI, nohup,
+`| tee`) plain lines are printed: for training one per validation and at least every --every
+seconds, for decoding every --every seconds. QKNORM_PROGRESS=bar or =lines forces either.
+--verbose (or VERBOSE=1) echoes every line instead. Warnings and errors of the run (`| WARNING |`,
+`| ERROR |`, Python warnings) are always shown. One summary line at the end.
+"""
+import argparse
+import os
+import re
+import signal
+import sys
+import time
+
+from .cli import Parser, run
+from .fairseq_log import parse_line
+
+RESUMED = re.compile(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
+SHOWN = re.compile(r"\| (WARNING|ERROR|CRITICAL) \||^\S+:\d+: \w*Warning: |^Traceback|^\w*Error: ")
+
+
+def clock(seconds):
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
+
+
+def stamp(tag, text):
+    return f"[{tag} {time.strftime('%H:%M:%S')}] {text}"
+
+
+class Training:
+    """What the display shows, updated from fairseq's records."""
+
+    def __init__(self, max_update):
+        self.max_update = max_update
+        self.t0 = time.monotonic()
+        self.first = None  # (update, time) of the first record: the rate covers validations too
+        self.update = 0
+        self.loss = self.lr = self.ups = self.bleu = self.best = None
+        self.best_update = None
+        self.validated_at = []  # updates of the validations seen (their spacing: the validation interval)
+
+    def feed(self, line):
+        """The kind of fairseq record the line held ("train_inner", "valid", "train"), else None."""
+        m = RESUMED.search(line)
+        if m:
+            self.update = int(m.group(1))
+            return None
+        parsed = parse_line(line)
+        if parsed is None:
+            return None
+        kind, rec = parsed
+        now = time.monotonic()
+        if kind == "train_inner":
+            self.update = int(rec["num_updates"])
+            self.loss, self.lr, self.ups = rec.get("loss"), rec.get("lr"), rec.get("ups")
+            if self.first is None:
+                self.first = (self.update, now)
+        elif kind == "valid":
+            self.update = int(rec.get("valid_num_updates", self.update))
+            self.validated_at.append(self.update)
+            self.bleu = rec.get("valid_bleu")
+            self.best = rec.get("valid_best_bleu", self.bleu)
+            if self.bleu is not None and self.bleu == self.best:
+                self.best_update = self.update
+        return kind
+
+    def validation_due(self):
+        """True when a validation record is expected right after this update (its line will follow)."""
+        v = self.validated_at
+        every = v[-1] - v[-2] if len(v) >= 2 else (v[0] if v else None)
+        return bool(every) and self.update % every == 0
+
+    def rate(self):
+        """Updates per second over the whole run so far (validation included), else fairseq's ups."""
+        if self.first and self.update > self.first[0]:
+            return (self.update - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)
+        return self.ups
+
+    def fields(self):
+        out = []
+        if self.loss is not None:
+            out.append(f"loss {self.loss:.3f}")
+        if self.bleu is not None:
+            out.append(f"dev BLEU {self.bleu:.2f}")
+        if self.lr is not None:
+            out.append(f"lr {self.lr:.2e}")
+        rate = self.rate()
+        if rate:
+            out.append(f"{rate:.2f} upd/s")
+            if self.max_update:
+                out.append(f"ETA {clock(max(self.max_update - self.update, 0) / rate)}")
+        return out
+
+    def line(self, label):
+        total = f"/{self.max_update}" if self.max_update else ""
+        return "  ".join([f"{label} {self.update}{total} updates", *self.fields()])
+
+    def summary(self, label):
+        text = f"{label}: {self.update} updates in {clock(time.monotonic() - self.t0)}"
+        if self.loss is not None:
+            text += f", loss {self.loss:.3f}"
+        if self.best is not None:
+            text += f", best dev BLEU {self.best:.2f}" + (f" (update {self.best_update})" if self.best_update else "")
+        return text
+
+
+def _bar(total, label, unit, right):
+    from tqdm import tqdm
+
+    label = label.replace("{", "{{").replace("}", "}}")
+    return tqdm(total=total or None, file=sys.stderr, dynamic_ncols=True, leave=False,
+                bar_format=f"{label} {{n_fmt}}/{{total_fmt}} {unit} |{{bar}}| {right}")
+
+
+def follow(args, on_line):
+    """Copy stdin to args.log line by line, calling on_line(text) for each; show run warnings."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops fairseq; keep its last words in the log
+    with open(args.log, "ab", buffering=0) as log:
+        for raw in sys.stdin.buffer:
+            log.write(raw)
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            if args.verbose:
+                print(text, file=sys.stderr, flush=True)
+            on_line(text, bool(SHOWN.search(text)) and not args.verbose)
+
+
+def mode(args):
+    if args.verbose:
+        return "verbose"
+    forced = os.environ.get("QKNORM_PROGRESS", "")
+    if forced in ("bar", "lines"):
+        return forced
+    return "bar" if sys.stderr.isatty() else "lines"
+
+
+def train(args):
+    state, how = Training(args.max_update), mode(args)
+    bar = _bar(args.max_update, args.label, "updates", "{desc}") if how == "bar" else None
+    last = [time.monotonic()]
+
+    def on_line(text, shown):
+        if shown:
+            (bar.write if bar else print)(stamp(args.tag, text), file=sys.stderr)
+        kind = state.feed(text)
+        if bar is not None:
+            bar.n = state.update
+            bar.set_description_str("  ".join(state.fields()), refresh=True)
+        elif how == "lines" and state.first and (kind == "valid" or (
+                kind == "train_inner" and time.monotonic() - last[0] >= args.every and not state.validation_due())):
+            print(stamp(args.tag, state.line(args.label)), file=sys.stderr, flush=True)
+            last[0] = time.monotonic()
+
+    try:
+        follow(args, on_line)
+    finally:
+        if bar is not None:
+            bar.close()
+    if state.update:  # nothing to sum up when fairseq stopped before its first update (see its log)
+        print(stamp(args.tag, state.summary(args.label)), file=sys.stderr, flush=True)
+    return 0
+
+
+def decode(args):
+    how, t0 = mode(args), time.monotonic()
+    bar = _bar(args.total, args.label, "sentences", "{rate_fmt}  ETA {remaining}") if how == "bar" else None
+    done, last = [0], [t0]
+
+    def on_line(text, shown):
+        if shown:
+            (bar.write if bar else print)(stamp(args.tag, text), file=sys.stderr)
+        if not text.startswith("S-"):
+            return
+        done[0] += 1
+        if bar is not None:
+            bar.update(1)
+        elif how == "lines" and time.monotonic() - last[0] >= args.every:
+            print(stamp(args.tag, f"{args.label} {done[0]}/{args.total} sentences decoded"), file=sys.stderr, flush=True)
+            last[0] = time.monotonic()
+
+    try:
+        follow(args, on_line)
+    finally:
+        if bar is not None:
+            bar.close()
+    took = time.monotonic() - t0
+    print(stamp(args.tag, f"{args.label}: decoded {done[0]}/{args.total} sentences in {clock(took)} "
+                          f"({done[0] / max(took, 1e-9):.1f} sentences/s)"), file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv=None):
+    ap = Parser(prog="python -m qknorm_fairseq.progress", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    verbose = os.environ.get("VERBOSE", "0") not in ("", "0")
+    for name, text in (("train", "training progress from fairseq's JSON log records"),
+                       ("decode", "decoding progress from fairseq-generate's S- lines")):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--log", required=True, help="file every input line is appended to")
+        p.add_argument("--label", default=name, help="what the lines name, e.g. PAIR/SYSTEM")
+        p.add_argument("--tag", default=name, help="the [TAG HH:MM:SS] prefix of the lines (default: %(default)s)")
+        p.add_argument("--every", type=float, default=300.0,
+                       help="without a terminal: at most this many seconds between lines (default: %(default)s)")
+        p.add_argument("--verbose", action="store_true", default=verbose,
+                       help="echo every line instead of the progress display (default: VERBOSE=1)")
+        if name == "train":
+            p.add_argument("--max-update", type=int, default=0, help="the run's --max-update (0: unknown)")
+        else:
+            p.add_argument("--total", type=int, required=True, help="sentences to decode")
+    args = ap.parse_args(argv)
+    return train(args) if args.cmd == "train" else decode(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

@@ -1,0 +1,271 @@
+"""What a user sees: --help everywhere, one-line usage errors (exit 2), the progress display,
+results that are reused only when nothing changed, and results that hold no machine paths."""
+import glob
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _eval_tiny  # noqa: E402
+
+REPO = _eval_tiny.REPO
+SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.sh")) + glob.glob(os.path.join(REPO, "scripts", "*.sbatch")))
+# python -m entry points, with their sub-commands
+MODULES = {"recipes": ["get", "train-args", "generate-args", "systems", "schedules"],
+           "scoring": [], "scoring.compare": [], "plots": ["dev-bleu", "grad-norm", "scales", "attention"],
+           "corpora": ["download", "tokenize", "spm", "stats", "config"], "demo_corpus": [],
+           "benchmark": ["speed", "kernels"], "precision_check": [], "progress": ["train", "decode"],
+           "fingerprint": [], "study": ["get", "train-flags", "stock-args", "report"], "ablation": []}
+
+
+def env(**extra):
+    # the Python running the tests is the environment the scripts use (no .venv is built)
+    e = dict(os.environ, QKNORM_USE_ENV="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+             PYTHONPATH=REPO)
+    e.pop("VERBOSE", None)
+    e.update(extra)
+    return e
+
+
+def sh(script, *argv, **extra):
+    return subprocess.run(["bash", os.path.join(REPO, "scripts", script), *argv], capture_output=True, text=True,
+                          env=env(**extra))
+
+
+def py(module, *argv, **extra):
+    return subprocess.run([sys.executable, "-m", f"qknorm_fairseq.{module}", *argv], capture_output=True, text=True,
+                          env=env(**extra), cwd=REPO)
+
+
+def script_options(path):
+    """Every --option a script's `case` patterns accept (the lines `  --name) ...`)."""
+    text = open(path).read()
+    pats = re.findall(r"^\s*((?:-[\w-]+\|?)+)\)", text, re.M)
+    return sorted({o for p in pats for o in p.split("|") if o.startswith("--") and o != "--"})
+
+
+def test_install_and_test_runner_parse_help_before_doing_anything():
+    # running these here would build .venv; --help must be the first thing each one looks at
+    for name in ("install.sh", "run_tests.sh"):
+        body = [ln for ln in open(os.path.join(REPO, "scripts", name)) if ln.strip() and not ln.startswith("#")]
+        assert body[0].startswith("case ${1:-} in -h|--help)"), (name, body[0])
+
+
+@pytest.mark.parametrize("path", [p for p in SCRIPTS if os.path.basename(p) not in ("lib.sh", "install.sh",
+                                                                                      "run_tests.sh")],
+                         ids=os.path.basename)
+def test_every_script_answers_help_with_every_option(path):
+    p = subprocess.run(["bash", path, "--help"], capture_output=True, text=True, env=env())
+    assert p.returncode == 0, p.stderr
+    missing = [o for o in script_options(path) if o not in p.stdout]
+    assert p.stdout.strip() and not missing, f"{os.path.basename(path)} --help lacks {missing}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_module_answers_help_with_every_option(module):
+    path = "scoring/evaluate" if module == "scoring" else module.replace(".", "/")  # scoring/__main__.py runs evaluate
+    source = open(os.path.join(REPO, "qknorm_fairseq", path + ".py")).read()
+    texts = []
+    for sub in [None, *MODULES[module]]:
+        p = py(module, *([sub] if sub else []), "--help")
+        assert p.returncode == 0 and "Traceback" not in p.stderr, (module, sub, p.stderr[-2000:])
+        texts.append(p.stdout)
+    options = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", source))
+    assert options, module
+    missing = sorted(o for o in options if not any(o in t for t in texts))
+    assert not missing, f"{module} --help lacks {missing}"
+
+
+def test_training_entry_point_answers_help():
+    p = py("train", "--help")
+    assert p.returncode == 0 and "--arch" in p.stdout, p.stderr[-2000:]
+
+
+USAGE_ERRORS = [
+    ("train.sh", ["--bogus", "demo", "postnorm"], "unknown option --bogus"),
+    ("train.sh", ["demo"], "need PAIR and SYSTEM"),
+    ("train.sh", ["--precision"], "--precision needs a value"),
+    ("train.sh", ["--precision", "fp8", "demo", "postnorm"], "--precision must be fp32, fp16 or bf16"),
+    ("train.sh", ["--dry-run", "demo", "nosuch"], "no system 'nosuch'"),
+    ("train.sh", ["--dry-run", "nosuch", "postnorm"], "unknown pair 'nosuch'"),
+    ("evaluate.sh", ["demo"], "need PAIR and SYSTEM"),
+    ("evaluate.sh", ["nosuch", "postnorm"], "unknown pair 'nosuch'"),
+    ("evaluate.sh", ["demo", "nosuch"], "unknown system 'nosuch'"),
+    ("reproduce.sh", ["nosuch"], "unknown pair 'nosuch'"),
+    ("reproduce.sh", ["--systems"], "--systems needs a value"),
+    ("compare.sh", ["nosuch"], "unknown pair 'nosuch'"),
+    ("download.sh", [], "name a pair"),
+    ("prepare.sh", ["--bogus"], "unknown option --bogus"),
+    ("benchmark.sh", ["--reps"], "--reps needs a value"),
+    ("precision_check.sh", ["--bogus"], "unknown argument --bogus"),
+]
+
+
+@pytest.mark.parametrize("script,argv,message", USAGE_ERRORS, ids=lambda v: v if isinstance(v, str) else None)
+def test_script_usage_errors_are_one_line_and_exit_2(script, argv, message, tmp_path):
+    p = sh(script, *argv, CKPT_DIR=str(tmp_path / "ck"), RESULTS_DIR=str(tmp_path / "res"))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and message in lines[0], (p.returncode, p.stderr)
+    assert "Traceback" not in p.stdout + p.stderr and "--help" in lines[0]
+
+
+@pytest.mark.parametrize("module,argv,message", [
+    ("recipes", ["get", "nosuch", "src"], "unknown pair 'nosuch'"),
+    ("recipes", ["train-args", "demo", "nosuch"], "no system 'nosuch'"),
+    ("recipes", ["bogus"], "invalid choice: 'bogus'"),
+    ("scoring", ["--ref", "r.txt"], "the following arguments are required: --sys"),
+    ("scoring.compare", ["--pair", "demo", "--results-dir", "x", "--metric", "nosuch"], "invalid choice: 'nosuch'"),
+    ("plots", ["dev-bleu", "--pair", "demo"], "the following arguments are required: --out"),
+    ("progress", ["decode", "--log", "x"], "the following arguments are required: --total"),
+    ("fingerprint", ["--file", "nosuch", "--", "x"], "--file nosuch does not exist"),
+])
+def test_module_usage_errors_are_one_line_and_exit_2(module, argv, message):
+    p = py(module, *argv)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and message in lines[0], (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr
+
+
+def test_a_wrong_fairseq_flag_is_one_line_and_exit_2(tmp_path):
+    import shutil
+
+    import _tiny_nmt
+
+    shutil.copytree(_tiny_nmt.shared_corpus(), tmp_path / "data-bin" / "demo")
+    p = sh("train.sh", "demo", "postnorm", "--criterion", "nosuch", DATA_BIN=str(tmp_path / "data-bin"),
+           CKPT_DIR=str(tmp_path / "ck"), LOG_DIR=str(tmp_path / "logs"))
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr
+    assert "argument --criterion: invalid choice: 'nosuch'" in errors[0] and "Traceback" not in p.stderr
+
+
+# ---- the progress display ----
+
+def _record(kind, **fields):
+    import json
+
+    return f"2026-01-01 00:00:00 | INFO | {kind} | " + json.dumps({k: str(v) for k, v in fields.items()})
+
+
+FAKE_TRAIN = ["2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None}",
+              _record("train_inner", epoch=1, loss=5.5, lr=1e-4, ups=3.0, num_updates=10),
+              _record("train_inner", epoch=1, loss=4.5, lr=2e-4, ups=3.0, num_updates=20),
+              _record("valid", epoch=1, valid_loss=4.0, valid_bleu=12.5, valid_best_bleu=12.5, valid_num_updates=20),
+              "2026-01-01 00:00:00 | WARNING | qknorm_fairseq.lr_scheduler | our own warning stays visible",
+              _record("train_inner", epoch=2, loss=3.5, lr=3e-4, ups=3.0, num_updates=30),
+              _record("valid", epoch=2, valid_loss=3.0, valid_bleu=10.0, valid_best_bleu=12.5, valid_num_updates=30)]
+
+
+def test_training_progress_plain_lines_without_a_terminal(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("# the command\n")
+    text = "\n".join(FAKE_TRAIN) + "\n"
+    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(log), "--max-update",
+                        "40", "--label", "demo/qknorm"], input=text, capture_output=True, text=True, env=env())
+    assert p.returncode == 0 and p.stdout == "", p.stderr
+    assert log.read_text() == "# the command\n" + text  # the whole fairseq output is kept, appended
+    lines = p.stderr.splitlines()
+    assert "\r" not in p.stderr and len(lines) == 4, lines
+    assert "our own warning stays visible" in lines[1]
+    assert re.search(r"^\[train \d\d:\d\d:\d\d\] demo/qknorm 20/40 updates  loss 4\.500  dev BLEU 12\.50  "
+                     r"lr 2\.00e-04  [\d.]+ upd/s  ETA \d+:\d\d$", lines[0]), lines[0]
+    assert "demo/qknorm 30/40 updates  loss 3.500  dev BLEU 10.00" in lines[2]
+    assert re.search(r"demo/qknorm: 30 updates in \d+:\d\d, loss 3\.500, best dev BLEU 12\.50 \(update 20\)$",
+                     lines[3]), lines[3]
+
+
+def test_periodic_lines_do_not_repeat_a_validation_line(tmp_path):
+    records = []
+    for u in range(10, 61, 10):
+        records.append(_record("train_inner", loss=1.0, lr=1e-3, ups=1.0, num_updates=u))
+        records.append("2026-01-01 00:00:00 | INFO | fairseq.trainer | begin training epoch 2")  # no line
+        if u % 20 == 0:
+            records.append(_record("valid", valid_loss=1.0, valid_bleu=u, valid_best_bleu=u, valid_num_updates=u))
+    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "t.log"),
+                        "--every", "0", "--max-update", "60"], input="\n".join(records) + "\n", capture_output=True,
+                       text=True, env=env())
+    shown = re.findall(r"train (\d+)/60 updates", p.stderr)
+    # every record is due a line (--every 0), but once the validation interval (20) is known, the
+    # train_inner record of a validation's update leaves the line to the validation
+    assert shown == ["10", "20", "20", "30", "40", "50", "60"], p.stderr
+
+
+def test_training_progress_bar_on_a_terminal_and_verbose_echo(tmp_path):
+    text = "\n".join(FAKE_TRAIN) + "\n"
+    cmd = [sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "a.log"),
+           "--max-update", "40", "--label", "x"]
+    bar = subprocess.run(cmd, input=text.encode(), capture_output=True, env=env(QKNORM_PROGRESS="bar"))
+    drawn = bar.stderr.decode()
+    assert bar.returncode == 0 and "\r" in drawn and "x 30/40 updates |" in drawn, drawn
+    assert "loss 3.500  dev BLEU 10.00  lr 3.00e-04" in drawn
+    verbose = subprocess.run(cmd, input=text, capture_output=True, text=True, env=env(VERBOSE="1"))
+    assert verbose.returncode == 0 and all(line in verbose.stderr for line in FAKE_TRAIN)
+
+
+def test_decoding_progress_counts_sentences(tmp_path):
+    out = tmp_path / "generate.out"
+    text = "".join(f"S-{i}\tsrc\nT-{i}\tref\nH-{i}\t-0.1\thyp\n" for i in range(5)) + "Generate test with beam=4\n"
+    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "decode", "--log", str(out), "--total",
+                        "5", "--label", "demo/qknorm", "--tag", "evaluate", "--every", "0"], input=text,
+                       capture_output=True, text=True, env=env())
+    assert p.returncode == 0 and out.read_text() == text
+    lines = p.stderr.splitlines()
+    assert [ln.split("] ", 1)[1] for ln in lines[:5]] == [f"demo/qknorm {i}/5 sentences decoded" for i in range(1, 6)]
+    assert re.search(r"^\[evaluate [\d:]+\] demo/qknorm: decoded 5/5 sentences in", lines[5])
+
+
+# ---- results are reused only when nothing changed ----
+
+def test_fingerprint_covers_files_and_every_flag(tmp_path):
+    from qknorm_fairseq.fingerprint import fingerprint
+
+    ckpt = tmp_path / "checkpoint_best.pt"
+    ckpt.write_bytes(b"weights")
+    base = fingerprint([str(ckpt)], ["fairseq-generate", "--beam", "4"])
+    assert base == fingerprint([str(ckpt)], ["fairseq-generate", "--beam", "4"])
+    assert base != fingerprint([str(ckpt)], ["fairseq-generate", "--beam", "5"])
+    assert base != fingerprint([str(ckpt)], ["fairseq-generate", "--beam", "4", "--decode-precision", "bf16"])
+    ckpt.write_bytes(b"retrained")
+    assert base != fingerprint([str(ckpt)], ["fairseq-generate", "--beam", "4"])
+
+
+def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes():
+    root = _eval_tiny.build()
+    e = dict(_eval_tiny.pipeline_env(root), QKNORM_USE_ENV="1")
+    e.pop("VERBOSE", None)
+    run = lambda *extra: subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "postnorm",  # noqa: E731
+                                         *extra], env=e, capture_output=True, text=True)
+    log = os.path.join(root, "results", "demo", "postnorm", "generate.log")
+    first = run("--beam", "3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "decoding demo/postnorm: 30 test sentences" in first.stderr and "'beam': 3" in open(log).read()
+    assert re.search(r"demo/postnorm: decoded 30/30 sentences", first.stderr)
+    same = run("--beam", "3")
+    assert same.returncode == 0 and "already evaluated with this checkpoint and decoding command" in same.stderr
+    assert "decoding demo/postnorm" not in same.stderr
+    changed = run("--beam", "2")
+    assert changed.returncode == 0 and "decoding demo/postnorm" in changed.stderr, changed.stderr
+    assert "'beam': 2" in open(log).read()
+
+
+# ---- shareable results ----
+
+def test_committed_results_hold_no_machine_paths_or_host_name():
+    files = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert files
+    host = socket.gethostname().split(".")[0]
+    machine = re.compile(r"(?<![\w.~-])/(home|work|tmp|Users|root|mnt|scratch|private|var/folders)/")
+    found = []
+    for name in files:
+        data = open(os.path.join(REPO, name), "rb").read()
+        if b"\0" in data[:4096]:  # PNG and other binary files
+            continue
+        text = data.decode("utf-8")
+        if machine.search(text) or REPO in text or re.search(rf"\b{re.escape(host)}\b", text):
+            found.append(name)
+    assert not found, f"machine paths or the host name {host!r} in {found}"
