@@ -6,19 +6,21 @@
 # recipe already uses twt_paper); decodes every run's best checkpoint with both beam searches
 # (--beam-search twt, the recipe's, and fairseq's search + GNMT re-ranking) and writes
 # $RESULTS_DIR/PAIR/ablation_SYSTEM.{md,json}. Resumable: finished runs and decodings are reused.
+# -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
-[[ ${1:-} == -h || ${1:-} == --help ]] && { usage; exit 0; }
-[[ $# -ge 2 ]] || { usage >&2; exit 2; }
+case ${1:-} in -h|--help) usage; exit 0 ;; -*) usage_error "unknown option $1 before PAIR SYSTEM" ;; esac
+[[ $# -ge 2 ]] || usage_error "need PAIR and SYSTEM"
 pair=$1 system=$2
 shift 2
 [[ ${1:-} == -- ]] && shift
 extra=("$@")
 activate_env
 cd "$ROOT"
+check_pair "$pair"
 rule=$(python -m qknorm_fairseq.recipes get "$pair" "systems.$system.stopping" 2>/dev/null) \
-  || die "no system '$system' in the $pair recipe (python -m qknorm_fairseq.recipes systems $pair)"
+  || usage_error "no system '$system' in the $pair recipe (have: $(python -m qknorm_fairseq.recipes systems "$pair"))"
 alt=twt_paper
 [[ $rule == twt_paper ]] && alt=twt
 runs=("$system=none (the recipe: output bias, stopping $rule)" "${system}_nobias=--no-output-bias"
