@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs (or reuses) .venv and runs the default test suite.
+# Installs (or reuses) .venv and runs the default test suite: the unit and integration tiers.
 #   bash scripts/run_tests.sh [pytest args...]
-# Slow system runs are excluded by default; run them with: bash scripts/run_tests.sh -m slow
+# One tier: -m unit, -m integration, or -m system (a user's pipelines end to end, minutes each,
+# left out by default; tests/conftest.py says which tier a test is in).
 # Every argument goes to pytest (python -m pytest --help lists them), e.g. -k NAME, -x, -q.
 case ${1:-} in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -13,6 +13,23 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The tiers (run one with `bash scripts/run_tests.sh -m unit|integration|system`):
+#   unit         one module against an independent computation; no training
+#   integration  real fairseq runs and our scripts on tiny data (seconds each)
+#   system       a user's pipeline end to end (`@pytest.mark.system` on the test; minutes each)
+# A file's tests are unit unless the file is listed here; the default run leaves out system.
+INTEGRATION_FILES = {
+    "test_cli.py", "test_compare.py", "test_demo.py", "test_distributed.py", "test_fidelity_model.py",
+    "test_gnmt.py", "test_lr_scheduler.py", "test_model.py", "test_own_pair.py", "test_plots.py",
+    "test_precision_and_entry.py", "test_prepare.py", "test_seeds.py", "test_user_interface.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("system") is None:
+            item.add_marker("integration" if os.path.basename(str(item.fspath)) in INTEGRATION_FILES else "unit")
 USER_DIR = os.path.join(REPO, "qknorm_fairseq")
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 BIN = os.path.dirname(sys.executable)

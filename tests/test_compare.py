@@ -102,7 +102,7 @@ def test_published_csv_complete():
     assert all(r["metric"] in compare.ALL_METRICS for r in rows)
 
 
-@pytest.mark.slow  # ~100-270 s: every `recipe` call in the scripts imports fairseq (package __init__)
+@pytest.mark.system  # ~100-270 s: every `recipe` call in the scripts imports fairseq (package __init__)
 def test_evaluate_and_compare_scripts_on_tiny_model():
     root = _eval_tiny.build()
     env = _eval_tiny.pipeline_env(root)

@@ -10,7 +10,7 @@ from _eval_tiny import REPO, pipeline_env
 from conftest import brute_force_bootstrap_p
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_reproduce_demo_end_to_end_and_resume(tmp_path):
     env = pipeline_env(str(tmp_path))
     env.pop("VERBOSE", None)

@@ -186,7 +186,7 @@ def test_slurm_script_starts_one_torchrun_per_machine(tmp_path):
     assert out.stderr.count("8 GPU processes x 512 tokens = 4096 tokens per update") == 2
 
 
-@pytest.mark.slow  # ~1 min: four trainings; prints the numbers the README quotes
+@pytest.mark.system  # ~1 min: four trainings; prints the numbers the README quotes
 @pytest.mark.parametrize("dropout", ["none", "preset"])
 def test_two_ranks_against_one_with_update_freq_2(tiny_data, tmp_path, dropout):
     flags = ["--max-update", "40", "--decay-stop-lr", "-1", "--disable-validation"]

@@ -34,7 +34,7 @@ def write_corpus(folder, src, tgt, sizes=(("train", 300), ("dev", 30), ("test", 
         (folder / f"{split}.{tgt}").write_text("".join(b + "\n" for _, b in pairs))
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("bpe, marks", [("fastbpe", ["@@"]), ("sentencepiece", ["\u2581", "@@"])])
 def test_own_pair_from_src_dir_to_bleu_table(tmp_path, bpe, marks):
     pair, src, tgt = "ab-cd", "ab", "cd"

@@ -70,7 +70,7 @@ def test_seed_option_names_the_run_and_reaches_fairseq():
     assert bad.returncode != 0 and "--seeds must be a positive integer, got '0'" in bad.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_reproduce_with_two_seeds_on_the_demo(tmp_path):
     env = pipeline_env(str(tmp_path))
     cmd = ["bash", os.path.join(REPO, "scripts", "reproduce.sh"), "demo", "--seeds", "2", "--", "--max-update", "200"]

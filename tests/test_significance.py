@@ -61,7 +61,7 @@ def test_seed_reproducible_and_sacrebleu_metric():
     assert p1 == paired_bootstrap(sa, sb, n_samples=200, seed=7)["p_value"]
     _, _, st_a, metric = bleu.sacrebleu_score(a, [refs])
     _, _, st_b, _ = bleu.sacrebleu_score(b, [refs])
-    fn = lambda row: metric._compute_score_from_stats(list(row)).score  # noqa: E731
+    fn = lambda row: bleu.sacrebleu_from_stats(metric, row)  # noqa: E731
     r = paired_bootstrap(st_a, st_b, n_samples=100, seed=7, score_fn=fn)
     # the same resamples scored from scratch by sacrebleu.corpus_bleu
     idx = np.random.default_rng(7).integers(0, len(refs), size=(100, len(refs)))

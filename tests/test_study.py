@@ -3,6 +3,7 @@ from fairseq logs across resumptions, the training flags, the report, and a smok
 import json
 import os
 import random
+import re
 import subprocess
 
 import pytest
@@ -155,7 +156,7 @@ def test_report_tables_and_curves(tmp_path):
         study.report(cfg, str(tmp_path / "logs"), str(tmp_path / "none.json"), str(tmp_path / "out"))
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_study_smoke_run(tmp_path):
     """scripts/study.sh end to end with 20 updates, 1 seed, two of our systems and the stock row, on a
     small generated gl-en corpus and a tiny model: the table, the curves, and a plain-fairseq stock run."""
@@ -176,7 +177,9 @@ def test_study_smoke_run(tmp_path):
            "postnorm qknorm fairseq_transformer", "--max-update", "20"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "[study] run 3/3 fairseq_transformer: update 20/20" in p.stdout + p.stderr
+    # one stage line per run, then the progress display's summary (the stock row's too)
+    assert re.search(r"\[study [\d:]+\] run 3/3 fairseq_transformer\n", p.stderr), p.stderr[-3000:]
+    assert re.search(r"\[train [\d:]+\] gl-en/fairseq_transformer: 20 updates in ", p.stderr), p.stderr[-3000:]
     out = tmp_path / "results" / "study-gl-en-u20"
     text = (out / "study.md").read_text()
     for system in ("postnorm", "qknorm", "fairseq_transformer"):

@@ -199,13 +199,31 @@ def sacrebleu_metric(**kwargs):
 
 
 def sacrebleu_score(hyps, ref_sets, **kwargs):
-    """(BLEU score object, signature string, per-sentence stats) from the sacrebleu library."""
+    """(BLEU score object, signature string, per-sentence stats, metric) from the sacrebleu library."""
     check_parallel(hyps, ref_sets)
     # force: we score what we were given on purpose (detok none = the tokenized text)
     metric = sacrebleu_metric(**{"force": True, **kwargs})
     score = metric.corpus_score(hyps, ref_sets)
-    stats = np.array(metric._extract_corpus_statistics(hyps, ref_sets), dtype=np.int64)
-    return score, str(metric.get_signature()), stats, metric
+    return score, str(metric.get_signature()), sacrebleu_stats(hyps, ref_sets, **kwargs), metric
+
+
+def sacrebleu_stats(hyps, ref_sets, **kwargs):
+    """Per-sentence statistics in our layout from sacrebleu's public sentence_score (its counts do
+    not depend on effective_order, which only silences its sentence-level warning)."""
+    metric = sacrebleu_metric(**{"force": True, **kwargs, "effective_order": True})
+    rows = [[s.sys_len, s.ref_len, *s.counts, *s.totals]
+            for s in (metric.sentence_score(h, [refs[i] for refs in ref_sets]) for i, h in enumerate(hyps))]
+    return np.array(rows, dtype=np.int64).reshape(-1, N_STATS)
+
+
+def sacrebleu_from_stats(metric, stats):
+    """sacrebleu's corpus BLEU (with METRIC's smoothing) from summed statistics in our layout."""
+    from sacrebleu.metrics import BLEU
+
+    return BLEU.compute_bleu(correct=[int(x) for x in stats[2:2 + MAX_ORDER]],
+                             total=[int(x) for x in stats[2 + MAX_ORDER:N_STATS]], sys_len=int(stats[0]),
+                             ref_len=int(stats[1]), smooth_method=metric.smooth_method,
+                             smooth_value=metric.smooth_value).score
 
 
 def unescape_moses(line):

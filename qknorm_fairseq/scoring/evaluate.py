@@ -65,7 +65,7 @@ def score_runs(ref_paths, systems, detok="none", lang="en", warn=None):
                      "sacrebleu": round(sb.score, 4), "sacrebleu_signature": sig,
                      "multi_bleu_str": str(mb), "p_value": None, "delta": None}
     score_fns = {"multi_bleu": None, "multi_bleu_detok": None,
-                 "sacrebleu": lambda row: sb_metric._compute_score_from_stats(list(row)).score}
+                 "sacrebleu": lambda row: bleu.sacrebleu_from_stats(sb_metric, row)}
     return out, stats, score_fns
 
 

@@ -11,7 +11,7 @@
 Why not sacrebleu's ``_paired_bs_test``/``_paired_ar_test`` directly: they count only
 resamples whose centred difference is strictly greater than the observed one, so two
 identical systems get p = 1/(n+1) ("significant"). We keep Koehn's definition and reuse
-sacrebleu where it fits: its statistics extraction and score-from-statistics for the
+sacrebleu where it fits: its public sentence statistics and score-from-statistics for the
 SacreBLEU metric, and ``estimate_ci`` for the 95% confidence interval.
 """
 import numpy as np
