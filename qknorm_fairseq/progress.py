@@ -135,6 +135,15 @@ def follow(args, on_line):
             on_line(text, bool(SHOWN.search(text)) and not args.verbose)
 
 
+def follow_with_bar(args, bar, on_line):
+    """follow(), closing the bar (if any) however the input ends."""
+    try:
+        follow(args, on_line)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def mode(args):
     if args.verbose:
         return "verbose"
@@ -161,11 +170,7 @@ def train(args):
             print(stamp(args.tag, state.line(args.label)), file=sys.stderr, flush=True)
             last[0] = time.monotonic()
 
-    try:
-        follow(args, on_line)
-    finally:
-        if bar is not None:
-            bar.close()
+    follow_with_bar(args, bar, on_line)
     if state.update:  # nothing to sum up when fairseq stopped before its first update (see its log)
         print(stamp(args.tag, state.summary(args.label)), file=sys.stderr, flush=True)
     return 0
@@ -188,11 +193,7 @@ def decode(args):
             print(stamp(args.tag, f"{args.label} {done[0]}/{args.total} sentences decoded"), file=sys.stderr, flush=True)
             last[0] = time.monotonic()
 
-    try:
-        follow(args, on_line)
-    finally:
-        if bar is not None:
-            bar.close()
+    follow_with_bar(args, bar, on_line)
     took = time.monotonic() - t0
     print(stamp(args.tag, f"{args.label}: decoded {done[0]}/{args.total} sentences in {clock(took)} "
                           f"({done[0] / max(took, 1e-9):.1f} sentences/s)"), file=sys.stderr, flush=True)
