@@ -11,7 +11,6 @@ state with cached keys/values, static_kv, beam reordering, need_weights/need_hea
 replaces its forward: fairseq's own forward sends encoder self-attention and teacher-forced decoder
 self-attention through F.multi_head_attention_forward, which no subclass hook can reach.
 """
-import math
 from typing import Dict, Optional
 
 import torch
@@ -223,16 +222,3 @@ class NormAttention(MultiheadAttention):
         weights = probs
         probs = self.dropout_module(probs).to(v.dtype)
         return torch.matmul(probs, v), weights
-
-
-def init_small(attn: MultiheadAttention, embed_dim):
-    """SmallInit (TwT section 3.1): N(0, sqrt(2/(5d))) for the attention projections, zero biases."""
-    init_normal(attn, math.sqrt(2.0 / (5 * embed_dim)))
-
-
-def init_normal(attn: MultiheadAttention, std):
-    """N(0, std) for the attention projections, zero biases."""
-    for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
-        nn.init.normal_(proj.weight, mean=0.0, std=std)
-        if proj.bias is not None:
-            nn.init.zeros_(proj.bias)

@@ -19,8 +19,8 @@ from .cli import Parser, run
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
 # modules of this package that a decoding or a score depends on
-CODE = ("model.py", "attention.py", "norms.py", "embeddings.py", "architectures.py", "task.py", "twt_search.py",
-        "checkpoint_compat.py", "scoring/bleu.py", "scoring/evaluate.py")
+CODE = ("model.py", "attention.py", "norms.py", "fixnorm.py", "smallinit.py", "architectures.py", "task.py",
+        "twt_search.py", "checkpoint_compat.py", "scoring/bleu.py", "scoring/evaluate.py")
 
 
 def file_digest(path):

@@ -7,7 +7,6 @@ build_output_projection); no forward pass of fairseq is copied.
 import argparse
 import hashlib
 import logging
-import math
 
 import torch
 from fairseq.distributed import fsdp_wrap
@@ -18,9 +17,10 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
 from . import data_stats, distributed
-from .attention import ATTENTION_TYPES, NormAttention, init_normal, parse_attention_type
-from .embeddings import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
+from .attention import ATTENTION_TYPES, NormAttention, parse_attention_type
+from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .norms import NORM_TYPES, build_norm
+from .smallinit import INIT_SCHEMES, init_layer
 
 logger = logging.getLogger(__name__)
 
@@ -159,30 +159,6 @@ def _swap_norms(module, names, cfg, learnable=True):
             setattr(module, name, build_norm(cfg.norm_type, dim, learnable_scale=learnable))
 
 
-# TwT Sec. 3.1: std of the attention projections is sqrt(2 / (DENOM * d)); SmallInit uses
-# d + 4d (the FFN's scale), Xavier normal d + d. The FFN is N(0, sqrt(2/(d+d_ff))) in both.
-INIT_SCHEMES = ("fairseq", "smallinit", "xavier_normal")
-_ATTN_INIT_DENOM = {"smallinit": 5, "xavier_normal": 2}
-
-
-def _init_layer(layer, attns, cfg):
-    denom = _ATTN_INIT_DENOM.get(cfg.init_scheme)
-    if denom is None:
-        return
-    for attn in attns:
-        if attn is not None:
-            init_normal(attn, math.sqrt(2.0 / (denom * layer.embed_dim)))
-    _small_init_ffn(layer)
-
-
-def _small_init_ffn(layer):
-    d, d_ff = layer.fc1.in_features, layer.fc1.out_features
-    std = math.sqrt(2.0 / (d + d_ff))
-    for fc in (layer.fc1, layer.fc2):
-        nn.init.normal_(fc.weight, mean=0.0, std=std)
-        nn.init.zeros_(fc.bias)
-
-
 def _wrap(layer, cfg):
     # as fairseq's build_*_layer: optional activation checkpointing and FSDP wrapping
     if cfg.checkpoint_activations:
@@ -199,7 +175,7 @@ class QKEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc)
         _swap_norms(self, ("self_attn_layer_norm", "final_layer_norm"), cfg, not cfg.scalenorm_fixed_g)
-        _init_layer(self, (self.self_attn,), cfg)
+        init_layer(self, (self.self_attn,), cfg.init_scheme)
 
     def build_self_attention(self, embed_dim, cfg):
         return _attention(cfg, embed_dim, cfg.encoder.attention_heads, cfg.encoder_attention, self_attention=True)
@@ -210,7 +186,7 @@ class QKDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
         _swap_norms(self, ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"), cfg,
                     not cfg.scalenorm_fixed_g)
-        _init_layer(self, (self.self_attn, self.encoder_attn), cfg)
+        init_layer(self, (self.self_attn, self.encoder_attn), cfg.init_scheme)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:

@@ -1,6 +1,7 @@
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -15,24 +16,30 @@ torch.set_num_threads(1)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The tiers (run one with `bash scripts/run_tests.sh -m unit|integration|system`):
-#   unit         one module against an independent computation; no training
-#   integration  real fairseq runs and our scripts on tiny data (seconds each)
-#   system       a user's pipeline end to end (`@pytest.mark.system` on the test; minutes each)
-# A file's tests are unit unless the file is listed here; the default run leaves out system.
-INTEGRATION_FILES = {
-    "test_cli.py", "test_compare.py", "test_demo.py", "test_distributed.py", "test_fidelity_model.py",
-    "test_gnmt.py", "test_lr_scheduler.py", "test_model.py", "test_own_pair.py", "test_plots.py",
-    "test_precision_and_entry.py", "test_prepare.py", "test_seeds.py", "test_user_interface.py",
-}
+#   unit         one module against an independent computation; no training or decoding
+#   integration  real fairseq runs on the tiny corpus, our scripts on data, the commands as a
+#                user runs them (test_user_interface.py), several processes (seconds each)
+#   system       a user's pipeline end to end (minutes each)
+# A test's tier is its own marker (or its module's `pytestmark`) if it has one, else integration if
+# it uses the tiny corpus (the tiny_data fixture, directly or through another fixture), else unit.
+# The default run leaves out system.
+TIERS = ("unit", "integration", "system")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("system") is None:
-            item.add_marker("integration" if os.path.basename(str(item.fspath)) in INTEGRATION_FILES else "unit")
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker("integration" if "tiny_data" in item.fixturenames else "unit")
+
+
 USER_DIR = os.path.join(REPO, "qknorm_fairseq")
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 BIN = os.path.dirname(sys.executable)
+
+
+def env(**extra):
+    """The environment of a command run as a user runs it, with this checkout's package."""
+    return dict(os.environ, PYTHONPATH=REPO, **extra)
 
 
 def run(cmd, cwd=None, env=None, check=True):
@@ -65,7 +72,8 @@ def write_reverse_corpus(folder, n_train=400, n_valid=40, seed=1):
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
-    """Raw text and a joined-dictionary data-bin of the reverse task."""
+    """The tiny corpus of every test: raw text (raw/{train,valid,test}.{src,tgt}) and a
+    joined-dictionary data-bin (bin/) of the reverse task. Read-only: copy it to change it."""
     root = tmp_path_factory.mktemp("tiny")
     write_reverse_corpus(root / "raw")
     fairseq("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "raw/train",
@@ -74,9 +82,14 @@ def tiny_data(tmp_path_factory):
     return root
 
 
+# the model of qknorm_fairseq's presets (train_args) ...
 TINY_MODEL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
               "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
               "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+# ... and fairseq's own transformer, smaller still, through the fairseq-train command (train_cmd)
+TINY_STOCK = ["--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings"]
 
 
 def train_args(data_bin, save_dir, arch, *extra, max_epoch=2):
@@ -85,6 +98,37 @@ def train_args(data_bin, save_dir, arch, *extra, max_epoch=2):
             "--criterion", "masked_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--share-all-embeddings", "--no-progress-bar", "--log-interval", "1", "--seed", "1",
             "--num-workers", "0", "--no-epoch-checkpoints", *extra]
+
+
+def train_cmd(data_bin, save_dir, *extra):
+    return [os.path.join(BIN, "fairseq-train"), *map(str, [
+        data_bin, "--user-dir", USER_DIR, "--task", "translation_qk", *TINY_STOCK, "--optimizer", "adam",
+        "--max-tokens", "512", "--save-dir", save_dir, "--no-progress-bar", "--log-format", "json",
+        "--log-interval", "1", "--seed", "1", "--num-workers", "0", "--no-epoch-checkpoints", *extra])]
+
+
+def pipeline_env(root):
+    """The folders of the pipeline's scripts (DATA_DIR, DATA_BIN, ...), all under `root`."""
+    return env(DATA_DIR=os.path.join(root, "data"), DATA_BIN=os.path.join(root, "data-bin"),
+               CKPT_DIR=os.path.join(root, "checkpoints"), LOG_DIR=os.path.join(root, "logs"),
+               RESULTS_DIR=os.path.join(root, "results"), VENV=os.path.dirname(BIN))
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tiny_data, tmp_path_factory):
+    """The tiny corpus as pair 'demo' of the pipeline (pipeline_env), with two systems trained for
+    2 epochs: 'postnorm' and 'prenorm' (fairseq's tiny transformer, post- and pre-norm)."""
+    root = tmp_path_factory.mktemp("pipeline")
+    shutil.copytree(tiny_data / "bin", root / "data-bin" / "demo")
+    (root / "data" / "demo" / "tok").mkdir(parents=True)
+    shutil.copy(tiny_data / "raw" / "test.tgt", root / "data" / "demo" / "tok" / "test.tgt")
+    for system, extra in (("postnorm", []), ("prenorm", ["--encoder-normalize-before", "--decoder-normalize-before"])):
+        (root / "logs" / "demo" / system).mkdir(parents=True)
+        run(train_cmd(root / "data-bin" / "demo", root / "checkpoints" / "demo" / system, "--lr", "5e-3",
+                      "--max-epoch", "2", "--log-file", root / "logs" / "demo" / system / "train.log",
+                      "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--best-checkpoint-metric", "bleu",
+                      "--maximize-best-checkpoint-metric", "--clip-norm", "1.0", "--cpu", *extra))
+    return root
 
 
 def fairseq_inprocess(tool, *args):

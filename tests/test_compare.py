@@ -3,18 +3,11 @@ import csv
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import naive_bleu
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _eval_tiny  # noqa: E402
-
-from qknorm_fairseq.scoring import compare  # noqa: E402
-
-REPO = _eval_tiny.REPO
+from conftest import REPO, naive_bleu, pipeline_env
+from qknorm_fairseq.scoring import compare
 
 
 def _fixture_results(tmp_path):
@@ -103,16 +96,16 @@ def test_published_csv_complete():
 
 
 @pytest.mark.system  # ~100-270 s: every `recipe` call in the scripts imports fairseq (package __init__)
-def test_evaluate_and_compare_scripts_on_tiny_model():
-    root = _eval_tiny.build()
-    env = _eval_tiny.pipeline_env(root)
+def test_evaluate_and_compare_scripts_on_tiny_model(tiny_pipeline):
+    root = tiny_pipeline
+    env = pipeline_env(root)
     for system in ("postnorm", "prenorm"):
         p = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", system],
                            env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
         out = os.path.join(root, "results", "demo", system)
         hyps = open(os.path.join(out, "hyp.txt")).read().splitlines()
-        assert len(hyps) == 30
+        assert len(hyps) == 40
         scores = json.load(open(os.path.join(out, "scores.json")))
         ref = open(os.path.join(root, "data", "demo", "tok", "test.tgt")).read().splitlines()
         assert scores["systems"][system]["multi_bleu"] == pytest.approx(naive_bleu(hyps, ref), abs=1e-6)

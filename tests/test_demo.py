@@ -6,8 +6,7 @@ import subprocess
 
 import pytest
 
-from _eval_tiny import REPO, pipeline_env
-from conftest import brute_force_bootstrap_p
+from conftest import REPO, brute_force_bootstrap_p, pipeline_env
 
 
 @pytest.mark.system

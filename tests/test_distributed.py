@@ -111,6 +111,7 @@ def _guard_worker(rank, port, value, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.integration  # two processes over gloo
 @pytest.mark.parametrize("rank_local", [False, True])
 def test_same_on_all_ranks_raises_on_every_rank_when_they_differ(rank_local):
     import torch.multiprocessing as mp

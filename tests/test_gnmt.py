@@ -7,7 +7,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-import _tiny_nmt as tiny
+from conftest import BIN, USER_DIR, run, train_cmd
 from qknorm_fairseq.task import TranslationQKConfig, TranslationQKTask, gnmt_penalty, gnmt_rerank
 
 
@@ -57,19 +57,19 @@ def _hypotheses(stdout):
     return out
 
 
-def test_fairseq_generate_with_gnmt(tmp_path):
-    data_bin = tiny.shared_corpus()
+def test_fairseq_generate_with_gnmt(tiny_data, tmp_path):
+    data_bin = str(tiny_data / "bin")
     save = str(tmp_path / "ck")
     # --eval-bleu validation decodes with GNMT normalisation too
-    tiny.run(tiny.train_cmd(data_bin, save, "--lr", "5e-3", "--max-update", "30", "--length-norm", "gnmt",
-                            "--validate-interval", "1000",  # validate once, at the end
-                            "--eval-bleu", "--eval-bleu-args", '{"beam": 4, "max_len_a": 1, "max_len_b": 50}',
-                            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"))
-    gen = [os.path.join(tiny.BIN, "fairseq-generate"), data_bin, "--user-dir", tiny.USER_DIR,
+    run(train_cmd(data_bin, save, "--lr", "5e-3", "--max-update", "30", "--length-norm", "gnmt",
+                   "--validate-interval", "1000",  # validate once, at the end
+                   "--eval-bleu", "--eval-bleu-args", '{"beam": 4, "max_len_a": 1, "max_len_b": 50}',
+                   "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"))
+    gen = [os.path.join(BIN, "fairseq-generate"), data_bin, "--user-dir", USER_DIR,
            "--task", "translation_qk", "--path", os.path.join(save, "checkpoint_last.pt"), "--beam", "4",
            "--nbest", "4", "--max-len-a", "1", "--max-len-b", "50", "--batch-size", "16", "--max-sentences", "16"]
-    raw = _hypotheses(tiny.run(gen + ["--unnormalized"]).stdout)
-    gnmt = _hypotheses(tiny.run(gen + ["--length-norm", "gnmt", "--gnmt-alpha", "0.6"]).stdout)
+    raw = _hypotheses(run(gen + ["--unnormalized"]).stdout)
+    gnmt = _hypotheses(run(gen + ["--length-norm", "gnmt", "--gnmt-alpha", "0.6"]).stdout)
     assert len(raw) == 40 and raw.keys() == gnmt.keys()
     reordered = 0
     for i in raw:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq.optim import FairseqOptimizer
 
-import _tiny_nmt as tiny
+from conftest import run, train_cmd
 from qknorm_fairseq.lr_scheduler import ValDecayConfig, ValDecaySchedule, active_scheduler, peak_from_scale
 
 
@@ -120,8 +120,8 @@ def test_active_scheduler_is_the_last_built():
 
 # ----------------------------------------------------------------------------- real fairseq-train
 @pytest.fixture(scope="module")
-def data_bin():
-    return tiny.shared_corpus()
+def data_bin(tiny_data):
+    return str(tiny_data / "bin")
 
 
 def ckpt_state(path):
@@ -137,12 +137,13 @@ def log_records(text, tag):
 # the model learns: a deterministic way to get a non-trivial state to round-trip.
 SCHED = ["--lr-scheduler", "val_decay", "--lr", "2e-3", "--warmup-updates", "4", "--decay-factor", "0.5",
          "--decay-patience", "1", "--best-checkpoint-metric", "loss", "--maximize-best-checkpoint-metric",
-         "--validate-interval-updates", "3", "--save-interval-updates", "3", "--keep-interval-updates", "1"]
+         "--validate-interval-updates", "3", "--save-interval-updates", "3", "--keep-interval-updates", "1",
+         "--max-tokens", "600"]  # 5 updates a pass: validations every 3 updates and at the end of each pass
 
 
 def test_every_validation_reaches_val_decay_and_state_survives_resume(data_bin, tmp_path):
     save = str(tmp_path / "ck")
-    log = tiny.run(tiny.train_cmd(data_bin, save, *SCHED, "--max-update", "12")).stdout
+    log = run(train_cmd(data_bin, save, *SCHED, "--max-update", "12")).stdout
     first = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
     valid = log_records(log, "valid")
     # one history entry per validation: mid-pass (every 3 updates) and end-of-pass ones, none twice
@@ -153,7 +154,7 @@ def test_every_validation_reaches_val_decay_and_state_survives_resume(data_bin, 
     assert first["flat_lr"] == 2e-3 * 0.5 ** len(first["decay_updates"])
 
     # resume: the second run must restart from exactly the saved state
-    log = tiny.run(tiny.train_cmd(data_bin, save, *SCHED, "--max-update", "18")).stdout
+    log = run(train_cmd(data_bin, save, *SCHED, "--max-update", "18")).stdout
     restored = [json.loads(m.group(1)) for m in re.finditer(r"val_decay: restored state (\{.*\})", log)]
     assert restored == [first]
     second = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
@@ -167,7 +168,7 @@ def test_every_validation_reaches_val_decay_and_state_survives_resume(data_bin, 
 def test_training_stops_below_min_lr(data_bin, tmp_path):
     save = str(tmp_path / "ck")
     # peak 2e-3 halves on decays: 1e-3 is not below 1e-3, 5e-4 is (strict <, as TwT)
-    log = tiny.run(tiny.train_cmd(data_bin, save, *SCHED, "--max-update", "200", "--decay-stop-lr", "1e-3")).stdout
+    log = run(train_cmd(data_bin, save, *SCHED, "--max-update", "200", "--decay-stop-lr", "1e-3")).stdout
     state = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
     assert "< --decay-stop-lr 0.001: stopping training" in log
     crossing = state["decay_updates"][1]  # 2e-3 -> 1e-3 -> 5e-4

@@ -4,9 +4,10 @@ import math
 import pytest
 import torch
 
-from qknorm_fairseq.attention import NormAttention, init_small
-from qknorm_fairseq.embeddings import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
+from qknorm_fairseq.attention import NormAttention
+from qknorm_fairseq.fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from qknorm_fairseq.norms import RMSNorm, ScaleNorm, build_norm
+from qknorm_fairseq.smallinit import init_small
 
 
 def test_scalenorm_definition():
@@ -150,7 +151,7 @@ def test_fixnorm_shared_normalization_gives_the_same_gradients_with_one_normaliz
 
     calls = []
     real = torch.nn.functional.normalize
-    monkeypatch.setattr("qknorm_fairseq.embeddings.F.normalize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr("qknorm_fairseq.fixnorm.F.normalize", lambda *a, **k: calls.append(1) or real(*a, **k))
     plain = step()
     assert len(calls) == 3
     calls.clear()

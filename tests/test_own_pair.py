@@ -8,10 +8,9 @@ import subprocess
 
 import pytest
 
-from _eval_tiny import REPO, pipeline_env
+from conftest import REPO, SHARED_DATA as SHARED, pipeline_env
 from qknorm_fairseq import demo_corpus
 
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
 # fairseq flags after PAIR SYSTEM win over the recipe: a tiny model and a few updates
 TINY = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--decoder-ffn-embed-dim", "64", "--encoder-layers", "1", "--decoder-layers", "1",
@@ -66,6 +65,7 @@ def test_own_pair_from_src_dir_to_bleu_table(tmp_path, bpe, marks):
         assert '"valid_bleu"' in log
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ted-az-en")),
                     reason="../shared/data/ted-az-en is absent (real TED data is only on development machines)")
 def test_shared_ted_az_en_prepares_and_trains_without_a_config(tmp_path):

@@ -6,15 +6,8 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _eval_tiny  # noqa: E402
-
-from qknorm_fairseq import plots  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return _eval_tiny.build()
+from conftest import pipeline_env
+from qknorm_fairseq import plots
 
 
 def _png(path):
@@ -23,22 +16,22 @@ def _png(path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_parse_log_real(tiny):
-    log = plots.parse_log(os.path.join(tiny, "logs", "demo", "postnorm", "train.log"))
+def test_parse_log_real(tiny_pipeline):
+    log = plots.parse_log(os.path.join(tiny_pipeline, "logs", "demo", "postnorm", "train.log"))
     assert [r["epoch"] for r in log["valid"]] == [1.0, 2.0]  # fairseq's duplicate lines removed
     assert all("gnorm" in r for r in log["train_inner"]) and log["train_inner"]
 
 
 @pytest.mark.parametrize("cmd", ["dev-bleu", "grad-norm"])
-def test_log_plots(tiny, tmp_path, cmd):
+def test_log_plots(tiny_pipeline, tmp_path, cmd):
     out = str(tmp_path / f"{cmd}.png")
-    assert plots.main([cmd, "--pair", "demo", "--log-dir", os.path.join(tiny, "logs"), "--out", out]) == 0
+    assert plots.main([cmd, "--pair", "demo", "--log-dir", os.path.join(tiny_pipeline, "logs"), "--out", out]) == 0
     _png(out)
 
 
-def test_scales_discovers_parameters(tiny, tmp_path):
+def test_scales_discovers_parameters(tiny_pipeline, tmp_path):
     # a stock checkpoint has none; names of qknorm_fairseq's parameters are found and ordered
-    real = os.path.join(tiny, "checkpoints", "demo", "postnorm", "checkpoint_best.pt")
+    real = os.path.join(tiny_pipeline, "checkpoints", "demo", "postnorm", "checkpoint_best.pt")
     sd = torch.load(real, map_location="cpu", weights_only=False)["model"]
     assert plots.learned_scalars(sd) == {"scalenorm": [], "qknorm": {}, "hnas": {}}
     fake = dict(sd)
@@ -58,18 +51,19 @@ def test_scales_discovers_parameters(tiny, tmp_path):
     _png(out)
 
 
-def test_attention_heatmap(tiny, tmp_path):
+def test_attention_heatmap(tiny_pipeline, tmp_path):
     out = str(tmp_path / "attn.png")
-    ck = os.path.join(tiny, "checkpoints", "demo")
+    ck = os.path.join(tiny_pipeline, "checkpoints", "demo")
     tokens, w = plots.encoder_attention(os.path.join(ck, "prenorm", "checkpoint_best.pt"),
-                                        os.path.join(tiny, "data-bin", "demo"), index=3)
+                                        os.path.join(tiny_pipeline, "data-bin", "demo"), index=3)
     assert w.shape == (2, len(tokens), len(tokens)) and tokens[-1] == "</s>"
     assert abs(w.sum(-1) - 1).max() < 1e-5  # per-head rows are distributions, not head averages
     p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.plots", "attention", "--ckpt",
                         f"postnorm={os.path.join(ck, 'postnorm', 'checkpoint_best.pt')}", "--ckpt",
                         f"prenorm={os.path.join(ck, 'prenorm', 'checkpoint_best.pt')}", "--data-bin",
-                        os.path.join(tiny, "data-bin", "demo"), "--index", "2", "--heads", "0", "1", "--out", out],
-                       env=_eval_tiny.env(), capture_output=True, text=True)
+                        os.path.join(tiny_pipeline, "data-bin", "demo"), "--index", "2", "--heads", "0", "1",
+                        "--out", out],
+                       env=pipeline_env(tiny_pipeline), capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     _png(out)
 

@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import REPO, SHARED_DATA as SHARED
 from qknorm_fairseq import data_stats
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+pytestmark = pytest.mark.integration  # prepare.sh on data, each test
 
 
 def env_for(root):

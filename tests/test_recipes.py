@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-import _tiny_nmt as tiny
+from conftest import REPO, env
 from qknorm_fairseq import recipes
 
 PAIRS = ["ar-en", "demo", "en-he", "en-vi", "gl-en", "sk-en"]
@@ -137,7 +137,7 @@ def test_generate_args_parse_with_fairseq():
 def _cli(*argv):
     # as scripts/train.sh runs it (`python -m` skips fairseq's import: qknorm_fairseq/__init__.py)
     return subprocess.run([sys.executable, "-m", "qknorm_fairseq.recipes", *argv],
-                          capture_output=True, text=True, cwd=tiny.REPO, env=tiny.env())
+                          capture_output=True, text=True, cwd=REPO, env=env())
 
 
 def test_cli_get_still_works_and_train_args_is_one_shell_line():
@@ -149,9 +149,9 @@ def test_cli_get_still_works_and_train_args_is_one_shell_line():
     assert flag(args, "--eval-bleu-args") == '{"beam": 4, "max_len_a": 1, "max_len_b": 50}'
 
 
-def _train_sh(*argv, **env):
-    return subprocess.run(["bash", os.path.join(tiny.REPO, "scripts", "train.sh"), *argv], capture_output=True,
-                          text=True, env=dict(tiny.env(), **env))
+def _train_sh(*argv, **extra_env):
+    return subprocess.run(["bash", os.path.join(REPO, "scripts", "train.sh"), *argv], capture_output=True,
+                          text=True, env=env(**extra_env))
 
 
 def test_train_sh_dry_run_passes_extra_flags_and_picks_the_device(tmp_path):
@@ -177,9 +177,9 @@ def test_train_sh_refuses_bad_input():
     assert p.returncode != 0 and "--precision must be fp32, fp16 or bf16" in p.stderr
 
 
-def test_train_sh_trains_and_writes_the_log(tmp_path):
+def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
     # the demo recipe (languages src/tgt) on the tiny corpus, cut short with pass-through flags
-    shutil.copytree(tiny.shared_corpus(), tmp_path / "data-bin" / "demo")
+    shutil.copytree(tiny_data / "bin", tmp_path / "data-bin" / "demo")
     roots = dict(DATA_BIN=str(tmp_path / "data-bin"), CKPT_DIR=str(tmp_path / "ck"), LOG_DIR=str(tmp_path / "logs"))
     extra = ["--max-update", "4", "--validate-interval-updates", "2", "--num-workers", "0", "--max-tokens", "512",
              "--log-interval", "1", "--eval-bleu-args", '{"beam": 4, "max_len_a": 1, "max_len_b": 5}']
@@ -207,7 +207,7 @@ def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, 
     from qknorm_fairseq import corpora
 
     monkeypatch.setenv("DATA_BIN", str(tmp_path))  # no prepared data: the recipes alone
-    golden = json.loads(open(os.path.join(tiny.REPO, "tests", "data", "recipes_golden.json")).read())
+    golden = json.loads(open(os.path.join(REPO, "tests", "data", "recipes_golden.json")).read())
     assert sorted(golden) == PAIRS
     checked = 0
     for pair, outputs in golden.items():

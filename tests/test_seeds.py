@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from _eval_tiny import REPO, pipeline_env
-from conftest import naive_bleu
+from conftest import REPO, naive_bleu, pipeline_env
 from qknorm_fairseq.scoring import compare
 
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from _eval_tiny import REPO, pipeline_env
+from conftest import REPO, pipeline_env
 from qknorm_fairseq import recipes, study
 from qknorm_fairseq.scoring import compare
 

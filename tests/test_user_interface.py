@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _eval_tiny  # noqa: E402
+from conftest import REPO, pipeline_env
 
-REPO = _eval_tiny.REPO
+pytestmark = pytest.mark.integration  # the real commands, as a user runs them
+
 SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.sh")) + glob.glob(os.path.join(REPO, "scripts", "*.sbatch")))
 # python -m entry points, with their sub-commands
 MODULES = {"recipes": ["get", "train-args", "generate-args", "systems", "schedules"],
@@ -130,12 +130,10 @@ def test_module_usage_errors_are_one_line_and_exit_2(module, argv, message):
     assert "Traceback" not in p.stderr
 
 
-def test_a_wrong_fairseq_flag_is_one_line_and_exit_2(tmp_path):
+def test_a_wrong_fairseq_flag_is_one_line_and_exit_2(tiny_data, tmp_path):
     import shutil
 
-    import _tiny_nmt
-
-    shutil.copytree(_tiny_nmt.shared_corpus(), tmp_path / "data-bin" / "demo")
+    shutil.copytree(tiny_data / "bin", tmp_path / "data-bin" / "demo")
     p = sh("train.sh", "demo", "postnorm", "--criterion", "nosuch", DATA_BIN=str(tmp_path / "data-bin"),
            CKPT_DIR=str(tmp_path / "ck"), LOG_DIR=str(tmp_path / "logs"))
     errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
@@ -233,17 +231,17 @@ def test_fingerprint_covers_files_and_every_flag(tmp_path):
     assert base != fingerprint([str(ckpt)], ["fairseq-generate", "--beam", "4"])
 
 
-def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes():
-    root = _eval_tiny.build()
-    e = dict(_eval_tiny.pipeline_env(root), QKNORM_USE_ENV="1")
+def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
+    root = tiny_pipeline
+    e = dict(pipeline_env(root), QKNORM_USE_ENV="1")
     e.pop("VERBOSE", None)
     run = lambda *extra: subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "postnorm",  # noqa: E731
                                          *extra], env=e, capture_output=True, text=True)
     log = os.path.join(root, "results", "demo", "postnorm", "generate.log")
     first = run("--beam", "3")
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "decoding demo/postnorm: 30 test sentences" in first.stderr and "'beam': 3" in open(log).read()
-    assert re.search(r"demo/postnorm: decoded 30/30 sentences", first.stderr)
+    assert "decoding demo/postnorm: 40 test sentences" in first.stderr and "'beam': 3" in open(log).read()
+    assert re.search(r"demo/postnorm: decoded 40/40 sentences", first.stderr)
     same = run("--beam", "3")
     assert same.returncode == 0 and "already evaluated with this checkpoint and decoding command" in same.stderr
     assert "decoding demo/postnorm" not in same.stderr
