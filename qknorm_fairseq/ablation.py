@@ -7,14 +7,13 @@ For every run: the update it stopped at, its best dev BLEU (fairseq's validation
 its best checkpoint decoded with each beam search (RESULTS/SEARCH/PAIR/RUN/scores.json: scripts/evaluate.sh
 run with RESULTS_DIR=RESULTS/SEARCH). Writes PREFIX.md and PREFIX.json.
 """
-import argparse
 import json
 import os
 import sys
 
-from .cli import Parser
+from .cli import Parser, fail
 from .fairseq_log import LogError, parse_log
-from .scoring.evaluate import write_atomic
+from .files import write_atomic
 
 SEARCHES = ("twt", "fairseq")
 
@@ -35,8 +34,7 @@ def run_row(log_path, results, pair, run):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.ablation", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.ablation", description=__doc__)
     ap.add_argument("--pair", required=True)
     ap.add_argument("--system", required=True)
     ap.add_argument("--runs", nargs="+", required=True, metavar="RUN=WHAT", help="run name = what it changes")
@@ -47,13 +45,11 @@ def main(argv=None):
     opts = ap.parse_args(argv)
     rows = {}
     try:
-        for item in opts.runs:
-            run, _, what = item.partition("=")
+        for run, what in ap.named(opts.runs, "--runs", "RUN=WHAT"):
             rows[run] = {"what": what, **run_row(os.path.join(opts.log_dir, run, "train.log"), opts.results, opts.pair,
                                                    run)}
     except LogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return fail(e)
     ref = next(iter(rows.values()))
     lines = [f"# {opts.pair} {opts.system}: the original code's procedure, one item at a time", "",
              opts.settings, "",

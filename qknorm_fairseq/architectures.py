@@ -4,7 +4,7 @@ A preset only sets defaults; every flag can still be overridden on the command l
 fairseq's transformer (d=512, d_ff=2048, 6+6 layers, 8 heads) with TwT's dropout 0.3 everywhere;
 per-pair sizes (gl->en: 4+4 layers, 4 heads, dropout 0.4) live in configs/.
 """
-from fairseq.models import register_model_architecture
+from fairseq.models import ARCH_MODEL_INV_REGISTRY, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 
@@ -100,3 +100,7 @@ def transformer_hnas(args):
     per encoder layer, initialised to 0.5."""
     _set(args, encoder_attention="hnas")
     transformer_fixnorm(args)
+
+
+# Every preset registered above, in that order (the benchmark and the tests go through them all).
+PRESETS = tuple(ARCH_MODEL_INV_REGISTRY["qknorm_transformer"])

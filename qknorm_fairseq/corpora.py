@@ -11,13 +11,12 @@ Every file is written under a temporary name and renamed only once it is complet
 so a later stage never mistakes a half-written file for a finished one. Where the data comes
 from, and the environment variables that move it: qknorm_fairseq/data/sources.py.
 """
-import argparse
 import shlex
 import sys
 
 from . import recipes
 from .data.common import SPLITS, DataError, log
-from .cli import Parser
+from .cli import Parser, fail
 
 
 def shell_config(pair):
@@ -41,8 +40,7 @@ def shell_config(pair):
 
 
 def main(argv=None):
-    p = Parser(prog="python -m qknorm_fairseq.corpora", description=__doc__,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m qknorm_fairseq.corpora", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("download", help="fetch, verify and extract a pair's train/dev/test")
     d.add_argument("--pair", required=True)
@@ -91,8 +89,7 @@ def main(argv=None):
             st = write_stats(a.data_bin, a.tok_dir, a.bpe_dir, a.src, a.tgt, a.pair, a.bpe, a.bpe_size)
             log(f"stats: L(97.5%) = {st['length_p97.5']}, target vocab {st['target_vocab_size']} types")
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return fail(e)
     return 0
 
 

@@ -16,12 +16,12 @@ Command line (used by scripts/download.sh):
     python -m qknorm_fairseq.demo_corpus --out DIR [--seed 1] [--train 4000 --dev 300 --test 300]
 writes DIR/{train,dev,test}.{src,tgt}.
 """
-import argparse
 import os
 import random
 import sys
 
 from .cli import Parser
+from .files import write_lines
 
 # source noun -> (target stem, gender); plural source forms are regular (+s) except these
 NOUNS = {
@@ -120,16 +120,12 @@ def write(out_dir, seed=1, train=4000, dev=300, test=300):
     data = generate(seed, (("train", train), ("dev", dev), ("test", test)))
     for split, pairs in data.items():
         for side, lang in ((0, "src"), (1, "tgt")):
-            path = os.path.join(out_dir, f"{split}.{lang}")
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.writelines(p[side] + "\n" for p in pairs)
-            os.replace(path + ".tmp", path)
+            write_lines(os.path.join(out_dir, f"{split}.{lang}"), [p[side] for p in pairs])
     return data
 
 
 def main(argv=None):
-    p = Parser(prog="python -m qknorm_fairseq.demo_corpus", description=__doc__,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m qknorm_fairseq.demo_corpus", description=__doc__)
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--train", type=int, default=4000)

@@ -18,9 +18,9 @@ from .cli import Parser, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
-# modules of this package that a decoding or a score depends on
+# modules of this package that a decoding or a score depends on (files.py: how the scorer reads lines)
 CODE = ("model.py", "attention.py", "norms.py", "fixnorm.py", "smallinit.py", "architectures.py", "task.py",
-        "twt_search.py", "checkpoint_compat.py", "scoring/bleu.py", "scoring/evaluate.py")
+        "twt_search.py", "checkpoint_compat.py", "files.py", "scoring/bleu.py", "scoring/evaluate.py")
 
 
 def file_digest(path):
@@ -60,8 +60,7 @@ def fingerprint(files, command):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.fingerprint", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.fingerprint", description=__doc__)
     ap.add_argument("--file", action="append", default=[], metavar="PATH",
                     help="a file whose content is part of the identity (repeatable)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the command line")

@@ -36,6 +36,7 @@ from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
 from .distributed import rank_tag, same_on_all_ranks
+from .recipes import peak_lr
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +74,6 @@ class ValDecayConfig(FairseqDataclass):
     stop_min_lr: float = II("optimization.stop_min_lr")
 
 
-def peak_from_scale(scale, dim, warmup):
-    """TwT's peak LR, scale * d^-0.5 * warmup^-0.5 (4.94e-4 for d=512, warmup=8000)."""
-    return scale * dim**-0.5 * warmup**-0.5
-
-
 @register_lr_scheduler("val_decay", dataclass=ValDecayConfig)
 class ValDecaySchedule(FairseqLRScheduler):
     def __init__(self, cfg: ValDecayConfig, optimizer):
@@ -96,7 +92,7 @@ class ValDecaySchedule(FairseqLRScheduler):
             if cfg.warmup_updates == 0:
                 raise ValueError("--peak-lr-scale needs --warmup-updates > 0 (peak = S * d^-0.5 * warmup^-0.5); "
                                  "for NOWARMUP give the LR with --lr")
-            self.peak = peak_from_scale(cfg.peak_lr_scale, cfg.peak_lr_dim, cfg.warmup_updates)
+            self.peak = peak_lr(cfg.peak_lr_scale, cfg.peak_lr_dim, cfg.warmup_updates)
             logger.info(f"val_decay: peak LR {self.peak:.6g} from --peak-lr-scale (--lr {lrs[0]} is not used)")
         else:
             self.peak = lrs[0]

@@ -14,7 +14,6 @@ dev-bleu = TwT Figure 1, grad-norm = TwT Figure 2 (fairseq's ``gnorm``, before c
 scales = TwT Figures 3-4 (ScaleNorm g and QKNorm g per layer, HNAS u = sigmoid(logit)),
 attention = QKNorm Figures 1-2 (encoder self-attention of chosen heads for one sentence).
 """
-import argparse
 import glob
 import math
 import os
@@ -28,20 +27,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .fairseq_log import LogError, parse_log  # noqa: E402,F401  (parse_log: also for callers)
 from .paths import ROOT  # noqa: E402
-from .cli import Parser  # noqa: E402
+from .cli import Parser, fail  # noqa: E402
+from .files import atomic_path  # noqa: E402
 
 
 class PlotError(LogError):
     pass
 
 
-def _named(items, flag):
-    pairs = []
-    for item in items or []:
-        name, sep, path = item.partition("=")
-        if not sep:
-            name, path = os.path.basename(os.path.dirname(os.path.abspath(item))) or item, item
-        pairs.append((name, path))
+def _named(ap, items, flag):
+    """--log/--ckpt NAME=PATH, or a bare PATH named after its folder (logs/PAIR/SYSTEM/train.log: SYSTEM)."""
+    pairs = ap.named(items, flag, default_name=lambda p: os.path.basename(os.path.dirname(os.path.abspath(p))) or p)
     if not pairs:
         raise PlotError(f"nothing to plot: give {flag} NAME=PATH or --pair PAIR")
     return pairs
@@ -55,45 +51,51 @@ def _from_pair(pair, root, filename):
 
 
 def _save(fig, out):
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp.{os.getpid()}.png"
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format=os.path.splitext(out)[1][1:] or "png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, out)
     return out
 
 
-def plot_dev_bleu(logs, out, title=None):
+def _curves(curves, out, xlabel, ylabel, title, **style):
+    """One line per (name, x, y) of CURVES."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, path in logs:
-        valid = [r for r in parse_log(path)["valid"] if "valid_bleu" in r]
-        if not valid:
-            raise PlotError(f"{path}: no validation BLEU (train with --eval-bleu and --log-format json)")
-        # updates, not fairseq epochs: the recipes validate every N updates (the papers' "epoch"),
-        # several times within one of fairseq's passes over the data
-        x = [r.get("valid_num_updates", r.get("num_updates", r["epoch"])) for r in valid]
-        ax.plot(x, [r["valid_bleu"] for r in valid], marker=".", label=name)
-    ax.set_xlabel("updates (one point per validation)")
-    ax.set_ylabel("dev BLEU")
-    ax.set_title(title or "Development BLEU per validation")
+    for name, x, y in curves:
+        ax.plot(x, y, label=name, **style)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, out)
+
+
+def _records(logs, kind, key, missing):
+    """(name, the log's KIND records that hold KEY) per (name, path); PlotError naming MISSING for a log with none."""
+    for name, path in logs:
+        recs = [r for r in parse_log(path)[kind] if key in r]
+        if not recs:
+            raise PlotError(f"{path}: {missing}")
+        yield name, recs
+
+
+def plot_dev_bleu(logs, out, title=None):
+    # updates, not fairseq epochs: the recipes validate every N updates (the papers' "epoch"),
+    # several times within one of fairseq's passes over the data
+    curves = [(name, [r.get("valid_num_updates", r.get("num_updates", r["epoch"])) for r in valid],
+               [r["valid_bleu"] for r in valid])
+              for name, valid in _records(logs, "valid", "valid_bleu",
+                                          "no validation BLEU (train with --eval-bleu and --log-format json)")]
+    return _curves(curves, out, "updates (one point per validation)", "dev BLEU",
+                   title or "Development BLEU per validation", marker=".")
 
 
 def plot_grad_norm(logs, out, title=None):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, path in logs:
-        inner = [r for r in parse_log(path)["train_inner"] if "gnorm" in r]
-        if not inner:
-            raise PlotError(f"{path}: no train_inner records with gnorm (use --log-format json)")
-        ax.plot([r["num_updates"] for r in inner], [r["gnorm"] for r in inner], label=name, lw=1)
-    ax.set_xlabel("update")
-    ax.set_ylabel("global gradient norm (before clipping)")
-    ax.set_title(title or "Gradient norm during training")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, out)
+    curves = [(name, [r["num_updates"] for r in inner], [r["gnorm"] for r in inner])
+              for name, inner in _records(logs, "train_inner", "gnorm",
+                                          "no train_inner records with gnorm (use --log-format json)")]
+    return _curves(curves, out, "update", "global gradient norm (before clipping)",
+                   title or "Gradient norm during training", lw=1)
 
 
 # Parameter names written by qknorm_fairseq/model.py (stock fairseq checkpoints have none).
@@ -241,8 +243,7 @@ def plot_attention(ckpts, data_bin, out, index=0, sentence=None, layer=0, heads=
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.plots", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.plots", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     # log plots read --log NAME=PATH (or every system of --pair under --log-dir), checkpoint plots --ckpt
     for cmd, item, folder, env, default in (("dev-bleu", "log", "log-dir", "LOG_DIR", "logs"),
@@ -264,20 +265,19 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         if args.cmd in ("dev-bleu", "grad-norm"):
-            logs = _from_pair(args.pair, args.log_dir, "train.log") if args.pair else _named(args.log, "--log")
+            logs = _from_pair(args.pair, args.log_dir, "train.log") if args.pair else _named(ap, args.log, "--log")
             fn = plot_dev_bleu if args.cmd == "dev-bleu" else plot_grad_norm
             out = fn(logs, args.out, args.title)
         else:
             ckpts = (_from_pair(args.pair, args.ckpt_dir, "checkpoint_best.pt") if args.pair
-                     else _named(args.ckpt, "--ckpt"))
+                     else _named(ap, args.ckpt, "--ckpt"))
             if args.cmd == "scales":
                 out = plot_scales(ckpts, args.out, args.title)
             else:
                 out = plot_attention(ckpts, args.data_bin, args.out, args.index, args.sentence, args.layer,
                                      args.heads, args.title)
     except LogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e, 2)
     print(out)
     return 0
 

@@ -9,14 +9,13 @@ the same system, and reports the largest and the mean relative difference of the
 final losses, and whether every loss was finite. A run passes when its losses are finite and its
 largest relative difference is within --tolerance. Writes PREFIX.json and PREFIX.md.
 """
-import argparse
 import json
 import math
 import os
 import sys
 
 from .fairseq_log import LogError, parse_log
-from .scoring.evaluate import write_atomic
+from .files import write_atomic
 from .cli import Parser
 
 
@@ -37,8 +36,7 @@ def compare(ref, other, tolerance):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.precision_check", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.precision_check", description=__doc__)
     ap.add_argument("--log-dir", required=True, help="LOG_DIR/PAIR holding SYSTEM_PRECISION/train.log")
     ap.add_argument("--systems", nargs="+", required=True)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16"])

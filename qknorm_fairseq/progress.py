@@ -14,7 +14,6 @@ seconds, for decoding every --every seconds. QKNORM_PROGRESS=bar or =lines force
 --verbose (or VERBOSE=1) echoes every line instead. Warnings and errors of the run (`| WARNING |`,
 `| ERROR |`, Python warnings) are always shown. One summary line at the end.
 """
-import argparse
 import os
 import re
 import signal
@@ -201,8 +200,7 @@ def decode(args):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.progress", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.progress", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     verbose = os.environ.get("VERBOSE", "0") not in ("", "0")
     for name, text in (("train", "training progress from fairseq's JSON log records"),

@@ -12,7 +12,6 @@ Command line (used by the bash pipelines):
     python -m qknorm_fairseq.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)
 PAIR's prepared data is looked up in --data-bin, else $DATA_BIN/PAIR (default data-bin/PAIR).
 """
-import argparse
 import json
 import os
 import shlex
@@ -136,7 +135,8 @@ def _need(section, key, where):
 
 
 def peak_lr(scale, dim, warmup):
-    """TwT's peak LR: scale * d^-0.5 * warmup^-0.5 (Eq. 7 at n = warmup)."""
+    """TwT's peak LR: scale * d^-0.5 * warmup^-0.5 (Eq. 7 at n = warmup; 4.94e-4 for scale 1,
+    d = 512, warmup 8000). Also the val_decay scheduler's --peak-lr-scale rule (lr_scheduler.py)."""
     return scale * dim**-0.5 * warmup**-0.5
 
 
@@ -253,8 +253,7 @@ def generate_args(cfg, data_bin=None):
 
 
 def main(argv=None):
-    parser = Parser(prog="python -m qknorm_fairseq.recipes", description=__doc__,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m qknorm_fairseq.recipes", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_get = sub.add_parser("get", help="print one value of PAIR's recipe")
     p_get.add_argument("pair")

@@ -19,23 +19,21 @@ fairseq 0.12's code, StopwatchMeter.load_state_dict drops the start time; not ob
 the time of the segments before it plus its offset in its own segment; when a resumed run
 validates an update again, the later validation is kept.
 """
-import argparse
 import json
 import os
 import platform
 import re
 import shlex
-import statistics
 import sys
 from datetime import datetime
 
 import yaml
 
 from . import recipes
-from .cli import Parser
+from .cli import Parser, fail
 from .fairseq_log import parse_line
 from .paths import ROOT, cpu_name, shareable
-from .scoring.evaluate import write_atomic
+from .files import write_atomic
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
 
@@ -175,14 +173,6 @@ def runs_of(system, seeds):
     return {k: system if k == 1 else f"{system}_seed{k}" for k in range(1, seeds + 1)}
 
 
-def _mean_sd(values):
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
-def _fmt(mean, sd, digits=2):
-    return f"{mean:.{digits}f}" + ("" if sd is None else f" ± {sd:.{digits}f}")
-
-
 def collect(cfg, log_dir, systems, seeds):
     """{system: {seed: read_run(...)}} of the study's runs."""
     return {s: {k: read_run(os.path.join(log_dir, cfg["pair"], run, "train.log"))
@@ -190,13 +180,15 @@ def collect(cfg, log_dir, systems, seeds):
 
 
 def time_rows(runs):
+    from .scoring.compare import mean_sd
+
     rows = []
     for system, by_seed in runs.items():
         walls = [r["wall_s"] / 60 for r in by_seed.values()]
         best = [max(p["bleu"] for p in r["curve"]) for r in by_seed.values() if r["curve"]]
         rows.append({"system": system, "updates": [r["updates"] for r in by_seed.values()],
-                     "wall_min": _mean_sd(walls), "wall_total_min": sum(walls),
-                     "best_dev_bleu": _mean_sd(best) if best else None})
+                     "wall_min": mean_sd(walls), "wall_total_min": sum(walls),
+                     "best_dev_bleu": mean_sd(best) if best else None})
     return rows
 
 
@@ -259,8 +251,9 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
               "| system | updates per seed | wall time per run, min | all seeds, min | best dev BLEU |",
               "|---|---|---|---|---|"]
     for r in times:
-        best = "" if r["best_dev_bleu"] is None else _fmt(*r["best_dev_bleu"])
-        lines.append(f"| {r['system']} | {' '.join(map(str, r['updates']))} | {_fmt(*r['wall_min'], 1)} | "
+        best = "" if r["best_dev_bleu"] is None else compare.fmt_mean_sd(*r["best_dev_bleu"])
+        wall = compare.fmt_mean_sd(*r["wall_min"], 1)
+        lines.append(f"| {r['system']} | {' '.join(map(str, r['updates']))} | {wall} | "
                      f"{r['wall_total_min']:.1f} | {best} |")
     total = sum(r["wall_total_min"] for r in times)
     lines += ["", f"Total training time: {total:.1f} min (sum over runs, from the logs' timestamps; "
@@ -277,8 +270,7 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.study", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.study", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     p = sub.add_parser("get")
     p.add_argument("config")
@@ -316,8 +308,7 @@ def main(argv=None):
                                args.systems, args.seeds):
                 print(shareable(path))
     except StudyError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e, 2)
     return 0
 
 

@@ -8,8 +8,6 @@
 # $RESULTS_DIR/PAIR/ablation_SYSTEM.{md,json}. Resumable: finished runs and decodings are reused.
 # -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 case ${1:-} in -h|--help) usage; exit 0 ;; -*) usage_error "unknown option $1 before PAIR SYSTEM" ;; esac
 [[ $# -ge 2 ]] || usage_error "need PAIR and SYSTEM"
 pair=$1 system=$2

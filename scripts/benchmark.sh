@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
 # Speed/memory benchmark of every preset against fairseq's `transformer`, and the gl->en study.
-#   bash scripts/benchmark.sh [--reps N] [--dim D] [--layers L] [-- extra benchmark.py flags]
+#   bash scripts/benchmark.sh [--reps N] [--dim D] [--layers L] [-- python -m qknorm_fairseq.benchmark speed flags]
 #       Interleaved runs of every preset and of stock fairseq `transformer` with the same
 #       dimensions, data, batch and dropout: training target tokens/s (after warm-up), peak
 #       memory, beam-4 decoding sentences/s; median and spread; ratios to the stock model.
-#       CPU by default (small dimensions, a few minutes); with a CUDA device: GPU + bf16 and
-#       fairseq's base size. Writes $RESULTS_DIR/benchmark.{md,json}.
+#       CPU by default (small dimensions, a few minutes); with a CUDA device: GPU + bf16 (fairseq's
+#       base size: --dim 512 --layers 6 -- --heads 8). Writes $RESULTS_DIR/benchmark.{md,json}.
 #   bash scripts/benchmark.sh --convergence [scripts/study.sh flags...]
 #       The real-data study of issue #13 on TED gl->en: runs bash scripts/study.sh with the flags
 #       that follow (--systems, --seeds, --max-update, --config; see its --help).
 # -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 reps="" dim="" layers="" extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Compare every evaluated system of a pair (or of all pairs) with the papers' numbers.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 usage() {
   cat <<'USAGE'
 usage: bash scripts/compare.sh [PAIR|--pair PAIR|all] [flags for python -m qknorm_fairseq.scoring.compare...]
@@ -18,7 +19,6 @@ current hypotheses every time (evaluate.sh keeps those in step with the checkpoi
 Exit status: 0 ok, 2 a usage error, 1 a failure.
 USAGE
 }
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 TARGET=all
 case ${1:-} in
   -h|--help) usage; exit 0 ;;

@@ -11,8 +11,6 @@
 # $DATA_DIR/downloads/ and reused, and are only ever stored complete and verified.
 # -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 pair="" source_name="" force=0
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -21,10 +19,10 @@ while [[ $# -gt 0 ]]; do
     --force) force=1; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) usage_error "unknown option $1" ;;
-    *) [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
+    *) pair_arg "$1"; shift ;;
   esac
 done
-[[ -n $pair ]] || usage_error "name a pair: PAIR or --pair PAIR"
+need_pair
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 
 out=$DATA_DIR/$pair/raw

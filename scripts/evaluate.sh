@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Decode the test set with a system's best-dev checkpoint and score it.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 usage() {
   cat <<'USAGE'
 usage: bash scripts/evaluate.sh [--verbose] PAIR SYSTEM [extra fairseq-generate flags...]
@@ -25,7 +26,6 @@ qknorm_fairseq/fingerprint.py); anything else decodes again.
 Exit status: 0 scored, 2 a usage error, 1 a failure.
 USAGE
 }
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -75,7 +75,7 @@ score_line() {
 print(", ".join(f"{m} {s[m]:.2f}" for s in d["systems"].values()))' "$OUT/scores.json"
 }
 
-if [[ -f $OUT/scores.json && -f $OUT/.done && $(cat "$OUT/.done") == "$fingerprint" ]]; then
+if [[ -f $OUT/scores.json ]] && is_done "$OUT" "$fingerprint"; then
   log "$PAIR/$SYSTEM already evaluated with this checkpoint and decoding command: $(score_line) ($(short "$OUT/scores.json"))"
   exit 0
 fi
@@ -118,5 +118,5 @@ if [[ $VERBOSE == 1 ]]; then
 else
   "${score[@]}" --output "$OUT/scores.json" >/dev/null
 fi
-printf '%s\n' "$fingerprint" >"$OUT/.done.tmp" && mv -f "$OUT/.done.tmp" "$OUT/.done"
+mark_done "$OUT" "$fingerprint"
 log "$PAIR/$SYSTEM: test $(score_line) (detok $DETOK) -> $(short "$OUT/scores.json")"

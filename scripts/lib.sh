@@ -22,12 +22,21 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 VERBOSE=${VERBOSE:-0}
 export VERBOSE
 
+# usage: the script's help, the comment block at its top (a script with a usage() of its own
+# defines it after sourcing this file).
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$ROOT/scripts/$(basename "$0")"; }
 log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[%s] error: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
 # usage_error MSG: a mistake on the command line (exit 2), pointing at --help.
 usage_error() { printf '[%s] error: %s (see bash scripts/%s --help)\n' "$(basename "$0" .sh)" "$*" "$(basename "$0")" >&2; exit 2; }
 # need OPTION "$@" (inside the option loop): OPTION must be followed by a value.
 need() { [[ $# -ge 2 && -n $2 && $2 != --* ]] || usage_error "$1 needs a value"; }
+# positive OPTION VALUE: a usage error unless VALUE is a positive integer.
+positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || usage_error "$1 must be a positive integer, got '$2'"; }
+# pair_arg VALUE (the option loop's positional argument): VALUE is the pair, given once; need_pair
+# after the loop: a usage error when there was none.
+pair_arg() { [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; }
+need_pair() { [[ -n $pair ]] || usage_error "name a pair: PAIR or --pair PAIR"; }
 # check_pair PAIR: a usage error unless configs/ defines PAIR (the message of recipes.py, which knows them).
 check_pair() { local err; err=$(python -m qknorm_fairseq.recipes get "$1" src 2>&1 >/dev/null) || usage_error "${err#*error: }"; }
 # short PATH: PATH relative to the current folder when inside it (for the lines a user reads).
@@ -71,9 +80,10 @@ atomic_write() {
   if "$@" >"$tmp"; then mv -f "$tmp" "$dest"; else local rc=$?; rm -f "$tmp"; return $rc; fi
 }
 
-# done_marker DIR: true when a stage finished in DIR (see mark_done).
-is_done() { [[ -f $1/.done ]]; }
-mark_done() { mkdir -p "$1" && date -u +%FT%TZ >"$1/.done"; }
+# mark_done DIR [KEY]: records (atomically, in DIR/.done) that the stage in DIR finished, with the
+# settings KEY (a command's hash, a fingerprint) when given; is_done DIR [KEY]: it finished (with KEY).
+mark_done() { atomic_write "$1/.done" printf '%s\n' ${2:+"$2"} "$(date -u +%FT%TZ)"; }
+is_done() { [[ -f $1/.done ]] && { [[ $# -lt 2 ]] || [[ $(head -n1 "$1/.done") == "$2" ]]; }; }
 
 # has_gpu: true when torch sees a CUDA device.
 has_gpu() { python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }

@@ -9,8 +9,6 @@
 # the fairseq logs are in $LOG_DIR/PAIR/SYSTEM_PRECISION/train.log.
 # -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 pair=gl-en updates=300 warmup=100 jobs=6 systems=""
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -27,7 +25,7 @@ activate_env
 cd "$ROOT"
 has_gpu || die "the precision check needs a CUDA GPU (bf16/fp16 training); torch sees none"
 [[ -n $systems ]] || systems=$(python -m qknorm_fairseq.recipes systems "$pair")
-for n in "$updates" "$warmup" "$jobs"; do [[ $n =~ ^[1-9][0-9]*$ ]] || die "expected a positive integer, got '$n'"; done
+positive --updates "$updates"; positive --warmup "$warmup"; positive --jobs "$jobs"
 
 run_one() {  # SYSTEM PRECISION
   local name=$1_$2

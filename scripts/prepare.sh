@@ -20,8 +20,6 @@
 # complete, and skipped next time when its settings are unchanged (--force redoes all stages).
 # -h, --help: this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 pair="" src_dir="" tok_flag="" bpe_flag="" merges_flag="" max_len_flag="" force=0
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -35,10 +33,10 @@ while [[ $# -gt 0 ]]; do
     --force) force=1; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) usage_error "unknown option $1" ;;
-    *) [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
+    *) pair_arg "$1"; shift ;;
   esac
 done
-[[ -n $pair ]] || usage_error "name a pair: PAIR or --pair PAIR"
+need_pair
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 
 eval "$(python -m qknorm_fairseq.corpora config --pair "$pair")"
@@ -54,8 +52,8 @@ bpe=${bpe_flag:-$bpe}
 bpe_merges=${merges_flag:-$bpe_merges}
 max_len=${max_len_flag:-$max_len}
 [[ $bpe == fastbpe || $bpe == sentencepiece ]] || die "--bpe must be fastbpe or sentencepiece, got '$bpe'"
-[[ $bpe_merges =~ ^[1-9][0-9]*$ ]] || die "--merges must be a positive integer, got '$bpe_merges'"
-[[ $max_len =~ ^[1-9][0-9]*$ ]] || die "--max-len must be a positive integer, got '$max_len'"
+positive --merges "$bpe_merges"
+positive --max-len "$max_len"
 
 if [[ -n $src_dir ]]; then
   [[ -d $src_dir ]] || die "--src-dir $src_dir is not a folder"
@@ -72,8 +70,7 @@ raw_flag=--raw; [[ $tokenized == true ]] && raw_flag=--tokenized
 key_tok="input=$in_dir $raw_flag max_len=$max_len"
 key_bpe="$key_tok bpe=$bpe size=$bpe_merges"
 # stage_ok DIR KEY: the stage in DIR finished with these settings.
-stage_ok() { [[ $force == 0 && -f $1/.done && $(head -n1 "$1/.done") == "$2" ]]; }
-finish() { printf '%s\n%s\n' "$2" "$(date -u +%FT%TZ)" >"$1/.done"; }
+stage_ok() { [[ $force == 0 ]] && is_done "$1" "$2"; }
 
 # 1. tokenize (raw input only), check alignment, filter train by length
 if stage_ok "$tok" "$key_tok"; then
@@ -83,7 +80,7 @@ else
   rm -rf "$bpe_dir" "$out"  # downstream stages depend on this one
   python -m qknorm_fairseq.corpora tokenize --in-dir "$in_dir" --out-dir "$tok" --src "$src" --tgt "$tgt" \
     "$raw_flag" --max-len "$max_len" || die "tokenization failed (see above)"
-  finish "$tok" "$key_tok"
+  mark_done "$tok" "$key_tok"
 fi
 
 # 2. joint BPE learned on train (both sides), applied to every split
@@ -113,7 +110,7 @@ else
     python -m qknorm_fairseq.corpora spm --tok-dir "$tok" --bpe-dir "$tmp" --src "$src" --tgt "$tgt" \
       --vocab-size "$bpe_merges" || die "SentencePiece failed (see above)"
   fi
-  finish "$tmp" "$key_bpe"
+  mark_done "$tmp" "$key_bpe"
   rm -rf "$bpe_dir"
   mv "$tmp" "$bpe_dir"
   trap - EXIT
@@ -135,7 +132,7 @@ fairseq-preprocess --source-lang "$src" --target-lang "$tgt" \
 if [[ $bpe == fastbpe ]]; then cp "$bpe_dir/codes" "$bpe_dir/vocab" "$tmp/"; else cp "$bpe_dir/spm.model" "$bpe_dir/spm.vocab" "$tmp/"; fi
 python -m qknorm_fairseq.corpora stats --data-bin "$tmp" --tok-dir "$tok" --bpe-dir "$bpe_dir" \
   --src "$src" --tgt "$tgt" --pair "$pair" --bpe "$bpe" --bpe-size "$bpe_merges" || die "stats failed (see above)"
-finish "$tmp" "$key_bpe"
+mark_done "$tmp" "$key_bpe"
 rm -rf "$out"
 mv "$tmp" "$out"
 trap - EXIT

@@ -20,8 +20,6 @@
 # Every stage is idempotent: re-running resumes where an interruption stopped it.
 # Exit status: 0 ok, 2 a usage error, 1 a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 pair="" systems=${SYSTEMS:-} seeds=1 train_extra=() train_opts=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -33,11 +31,11 @@ while [[ $# -gt 0 ]]; do
     --verbose) VERBOSE=1; shift ;;
     --) shift; train_extra=("$@"); break ;;
     -*) usage_error "unknown option $1" ;;
-    *) [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; shift ;;
+    *) pair_arg "$1"; shift ;;
   esac
 done
 pair=${pair:-demo}
-[[ $seeds =~ ^[1-9][0-9]*$ ]] || usage_error "--seeds must be a positive integer, got '$seeds'"
+positive --seeds "$seeds"
 if [[ -z $systems ]]; then
   if [[ $pair == demo ]]; then systems="postnorm qknorm"; else systems="postnorm prenorm fixnorm scalenorm qknorm"; fi
 fi

@@ -24,8 +24,6 @@
 # Runs: $CKPT_DIR/NAME/PAIR/RUN, logs $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs and the
 # compare table $RESULTS_DIR/NAME/PAIR/ (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 config=$ROOT/configs/studies/gl-en.yaml systems="" seeds="" max_update="" report_only=0
 invocation="bash scripts/study.sh $*"
 while [[ $# -gt 0 ]]; do
@@ -41,8 +39,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -f $config ]] || usage_error "no study config $config (see configs/studies/)"
-[[ -z $seeds || $seeds =~ ^[1-9][0-9]*$ ]] || usage_error "--seeds must be a positive integer, got '$seeds'"
-[[ -z $max_update || $max_update =~ ^[1-9][0-9]*$ ]] || usage_error "--max-update must be a positive integer, got '$max_update'"
+[[ -z $seeds ]] || positive --seeds "$seeds"
+[[ -z $max_update ]] || positive --max-update "$max_update"
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 cd "$ROOT"
 
@@ -73,7 +71,7 @@ train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped
          "${budget_args[@]}") || die "study stock-args failed"
   eval "cmd=(fairseq-train $line ${device[*]})"
   sig=$(printf '%q ' "${cmd[@]}" | sha1sum | cut -d' ' -f1)
-  if [[ -f $save_dir/.done && $(cat "$save_dir/.done") == "$sig" ]]; then
+  if is_done "$save_dir" "$sig"; then
     log "$pair/$run already trained with this command ($save_dir)"; return 0
   fi
   mkdir -p "$save_dir" "$log_dir"
@@ -88,7 +86,7 @@ train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped
     [[ $VERBOSE == 1 ]] || tail -n 15 "$log_dir/train.log" >&2
     die "training $pair/$run failed (exit ${status[0]}); full log: $(short "$log_dir/train.log")"
   fi
-  printf '%s\n' "$sig" >"$save_dir/.done.tmp" && mv -f "$save_dir/.done.tmp" "$save_dir/.done"
+  mark_done "$save_dir" "$sig"
 }
 
 if [[ $report_only == 0 ]]; then

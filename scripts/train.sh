@@ -8,8 +8,8 @@ usage: bash scripts/train.sh [options] PAIR SYSTEM [extra fairseq-train flags...
 
   PAIR     a configs/PAIR.yaml (gl-en sk-en en-vi en-he ar-en demo), or a pair prepared with
            scripts/prepare.sh --src-dir (the base recipe, sized from its training set)
-  SYSTEM   one of the config's systems: (postnorm prenorm fixnorm scalenorm rmsnorm qknorm
-           lpqknorm dnas hnas)
+  SYSTEM   one of the config's systems (each a preset of qknorm_fairseq/architectures.py):
+           $(python -m qknorm_fairseq.recipes systems demo 2>/dev/null || echo "see configs/base.yaml systems:")
 Options (before PAIR):
   --precision fp32|fp16|bf16   on a GPU (default fp32); a CPU run is always fp32
   --schedule NAME              LR schedule from the config's schedules: (valdecay, nowarmup,
@@ -74,10 +74,10 @@ pair=$1 system=$2
 shift 2
 extra=("$@")
 case $precision in fp32|fp16|bf16) ;; *) usage_error "--precision must be fp32, fp16 or bf16, got '$precision'" ;; esac
-[[ -z $gpus || $gpus =~ ^[1-9][0-9]*$ ]] || usage_error "--gpus must be a positive integer, got '$gpus'"
-[[ -z $per_gpu || $per_gpu =~ ^[1-9][0-9]*$ ]] || usage_error "--max-tokens-per-gpu must be a positive integer, got '$per_gpu'"
+[[ -z $gpus ]] || positive --gpus "$gpus"
+[[ -z $per_gpu ]] || positive --max-tokens-per-gpu "$per_gpu"
 [[ -z $per_gpu || -n $gpus ]] || usage_error "--max-tokens-per-gpu goes with --gpus N"
-[[ $nodes =~ ^[1-9][0-9]*$ ]] || usage_error "--nodes must be a positive integer, got '$nodes'"
+positive --nodes "$nodes"
 if (( nodes > 1 )); then
   [[ -n $gpus ]] || usage_error "--nodes $nodes goes with --gpus N (GPUs per machine)"
   [[ $node_rank =~ ^[0-9]+$ ]] && (( node_rank < nodes )) || usage_error "--nodes $nodes needs --node-rank 0..$((nodes - 1)), got '$node_rank'"
@@ -164,7 +164,7 @@ fi
 [[ -f $DATA_BIN/$pair/dict.$(recipe "$pair" src).txt ]] \
   || die "no binarized data in $(short "$DATA_BIN/$pair"): run bash scripts/prepare.sh --pair $pair first"
 signature=$(printf '%q ' "${cmd[@]}" | sha1sum | cut -d' ' -f1)
-if [[ -f $save_dir/.done && $(cat "$save_dir/.done") == "$signature" ]]; then
+if is_done "$save_dir" "$signature"; then
   log "$pair/$name already trained with this command: $(short "$save_dir")/checkpoint_best.pt (delete $(short "$save_dir")/.done to retrain)"
   exit 0
 fi
@@ -194,4 +194,4 @@ if [[ ${status[0]} != 0 ]]; then
   die "training $pair/$name failed (exit ${status[0]}); full log: $(short "$log_dir/train.log")"
 fi
 [[ ${status[1]} == 0 ]] || die "the progress display failed (exit ${status[1]}); training finished, log: $(short "$log_dir/train.log")"
-printf '%s\n' "$signature" >"$save_dir/.done.tmp" && mv -f "$save_dir/.done.tmp" "$save_dir/.done"
+mark_done "$save_dir" "$signature"

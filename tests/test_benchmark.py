@@ -1,13 +1,17 @@
-"""Smoke runs of qknorm_fairseq.benchmark: structure of the outputs, never timings."""
+"""Smoke runs of qknorm_fairseq.benchmark (speed, kernels): structure of the outputs, never timings."""
 import json
 import os
 import re
 import statistics
 import subprocess
+import sys
 
 import pytest
 
-from qknorm_fairseq import benchmark
+from qknorm_fairseq.architectures import PRESETS
+from qknorm_fairseq.benchmark import speed
+from qknorm_fairseq.benchmark.__main__ import main
+from qknorm_fairseq.paths import ROOT
 
 TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--vocab", "30", "--batch", "2", "--src-len", "5",
         "--tgt-len", "4", "--warmup-steps", "1", "--train-steps", "1", "--reps", "1"]
@@ -15,16 +19,16 @@ TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--vocab", "30", "--batc
 
 def test_speed_reports_every_preset_against_stock(tmp_path):
     out = tmp_path / "bench"
-    benchmark.main(["speed", *TINY, "--out", str(out)])
+    main(["speed", *TINY, "--out", str(out)])
     res = json.loads((tmp_path / "bench.json").read_text())
-    assert set(res["models"]) == {"transformer", *benchmark.PRESETS}
+    assert set(res["models"]) == {"transformer", *PRESETS}
     assert res["machine"]["torch"] and res["machine"]["fairseq"] and res["machine"]["cpu_count"] >= 1
     assert res["settings"]["dim"] == 16 and res["settings"]["vocab"] > 30  # 30 words + fairseq's specials
     for arch, r in res["models"].items():
-        for metric in benchmark.METRICS:
+        for metric in speed.METRICS:
             assert len(r[metric]["runs"]) == 1 and r[metric]["median"] > 0, (arch, metric)
         if arch != "transformer":
-            for metric in benchmark.METRICS:
+            for metric in speed.METRICS:
                 expected = r[metric]["median"] / res["models"]["transformer"][metric]["median"]
                 assert r["ratio"][metric] == pytest.approx(expected)
             assert r["target"] == (0.80 if arch in ("transformer_dnas", "transformer_hnas") else 0.95)
@@ -35,15 +39,15 @@ def test_speed_reports_every_preset_against_stock(tmp_path):
 
 def test_speed_rejects_bad_settings(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        benchmark.main(["speed", "--dim", "30", "--heads", "4", "--out", str(tmp_path / "b")])
+        main(["speed", "--dim", "30", "--heads", "4", "--out", str(tmp_path / "b")])
     assert "--dim 30 must be divisible by --heads 4" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="unknown preset"):
-        benchmark.main(["speed", *TINY, "--archs", "transformer_nope", "--out", str(tmp_path / "b")])
+        main(["speed", *TINY, "--archs", "transformer_nope", "--out", str(tmp_path / "b")])
 
 
 def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys):
     out = tmp_path / "kern"
-    times = benchmark.main(["kernels", "--dim", "16", "--heads", "2", "--tokens", "8", "--p", "2", "4",
+    times = main(["kernels", "--dim", "16", "--heads", "2", "--tokens", "8", "--p", "2", "4",
                             "--iters", "2", "--reps", "2", "--out", str(out)])
     names = {name for name, _ in times}
     assert names == {"LayerNorm", "ScaleNorm", "RMSNorm", "vector_norm p=2", "lp_normalize p=2",
@@ -57,11 +61,20 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
     assert row[4] == f"{ratio:.2f}"
 
 
+def test_command_line_exits_0_with_its_table(tmp_path):
+    # `python -m qknorm_fairseq.benchmark` as scripts/benchmark.sh runs it: the table on stdout, status 0
+    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.benchmark", "kernels", "--dim", "8", "--heads", "2",
+                        "--tokens", "4", "--p", "2", "--iters", "1", "--reps", "1", "--out", str(tmp_path / "k")],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == (tmp_path / "k.md").read_text().strip() and "| lp_normalize p=2 |" in p.stdout
+
+
 def test_step_flops_and_mfu(tmp_path):
     # A training step's matrix FLOPs are at least 3 x 2 x (tokens x params of every Linear) for the
     # forward, input-gradient and weight-gradient products; MFU is TFLOP/s over the given peak.
     out = tmp_path / "bench"
-    benchmark.main(["speed", *TINY, "--archs", "transformer_qknorm", "--peak-tflops", "2.0", "--out", str(out)])
+    main(["speed", *TINY, "--archs", "transformer_qknorm", "--peak-tflops", "2.0", "--out", str(out)])
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["peak_tflops"] == 2.0
     for r in res["models"].values():
@@ -71,22 +84,22 @@ def test_step_flops_and_mfu(tmp_path):
     import argparse
 
     opts = argparse.Namespace(dim=16, layers=1, heads=2, ffn=None, dropout=0.1, src_len=5, device="cpu", dtype="fp32")
-    entry = benchmark.build(benchmark.make_corpus(str(tmp_path / "c"), 30, 5), "transformer", opts)
-    sample = benchmark.make_batch(entry["task"], 2, 5, 4, "cpu", seed=1)
+    entry = speed.build(speed.make_corpus(str(tmp_path / "c"), 30, 5), "transformer", opts)
+    sample = speed.make_batch(entry["task"], 2, 5, 4, "cpu", seed=1)
     linear = sum(m.weight.numel() for m in entry["model"].modules() if isinstance(m, torch.nn.Linear))
-    assert benchmark.step_flops(entry, sample, opts) >= 6 * linear * 2 * 4  # >= decoder-side products alone
-    assert benchmark.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
-    assert benchmark.peak_tflops("Some CPU", "fp32") is None
+    assert speed.step_flops(entry, sample, opts) >= 6 * linear * 2 * 4  # >= decoder-side products alone
+    assert speed.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert speed.peak_tflops("Some CPU", "fp32") is None
 
 
 def test_results_name_no_machine_paths(tmp_path, monkeypatch):
-    from qknorm_fairseq.paths import ROOT, shareable
+    from qknorm_fairseq.paths import shareable
 
     assert shareable(f"{ROOT}/results/x") == "results/x" and shareable("/elsewhere/x") == "/elsewhere/x"
     out = os.path.join(ROOT, "results", f"bench-test-{os.getpid()}")
     monkeypatch.setattr("sys.argv", ["benchmark", "speed", "--out", out])
     try:
-        benchmark.main(["speed", *TINY, "--archs", "transformer_qknorm", "--out", out])
+        main(["speed", *TINY, "--archs", "transformer_qknorm", "--out", out])
         res = json.loads(open(out + ".json").read())
     finally:
         for suffix in (".json", ".md"):

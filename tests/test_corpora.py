@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qknorm_fairseq import corpora, demo_corpus
+from qknorm_fairseq import corpora, demo_corpus, files
 from qknorm_fairseq.data import common, download, fetch, readers, sources, tokenize
 from qknorm_fairseq.data.common import DataError
 
@@ -26,9 +26,9 @@ def test_html_detection():
 
 def test_lines_are_cut_at_newline_only():
     text = "".join(f"a{c}b\n" for c in ODD) + "crlf\r\nlone\rcr\nlast"
-    assert common.split_lines(text) == [f"a{c}b" for c in ODD] + ["crlf", "lone\rcr", "last"]
-    assert common.split_lines("x\n\ny\n") == ["x", "", "y"]  # an empty line inside is kept
-    assert common.split_lines("") == []
+    assert files.split_lines(text) == [f"a{c}b" for c in ODD] + ["crlf", "lone\rcr", "last"]
+    assert files.split_lines("x\n\ny\n") == ["x", "", "y"]  # an empty line inside is kept
+    assert files.split_lines("") == []
     assert len(text.splitlines()) == 2 * len(ODD) + 4  # what str.splitlines() would have made of it
 
 

@@ -9,7 +9,8 @@ import torch
 from fairseq.optim import FairseqOptimizer
 
 from conftest import run, train_cmd
-from qknorm_fairseq.lr_scheduler import ValDecayConfig, ValDecaySchedule, active_scheduler, peak_from_scale
+from qknorm_fairseq.lr_scheduler import ValDecayConfig, ValDecaySchedule, active_scheduler
+from qknorm_fairseq.recipes import peak_lr
 
 
 class _Opt(FairseqOptimizer):
@@ -42,7 +43,7 @@ def test_warmup_from_given_init_lr():
 
 def test_peak_from_twt_rule():
     # TwT: d^-0.5 * warmup^-0.5 for d = 512, warmup 8000 is about 4.94e-4
-    assert peak_from_scale(1.0, 512, 8000) == pytest.approx(4.94e-4, rel=1e-3)
+    assert peak_lr(1.0, 512, 8000) == pytest.approx(4.94e-4, rel=1e-3)
     s = make(warmup_updates=8000, peak_lr_scale=2.0, peak_lr_dim=512)
     assert s.step_update(8000) == pytest.approx(2 / math.sqrt(512 * 8000))
     assert s.step_update(4000) == pytest.approx(1 / math.sqrt(512 * 8000))

@@ -1,5 +1,6 @@
 """The qknorm_transformer model and its presets, built in-process from real fairseq arguments."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -7,14 +8,18 @@ import torch
 from fairseq import options, tasks
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-from conftest import TINY_MODEL, USER_DIR
+from conftest import REPO, TINY_MODEL, USER_DIR
+from qknorm_fairseq.architectures import PRESETS as ARCHS
 from qknorm_fairseq.attention import NormAttention
 from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
 from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
-ARCHS = ["qknorm_transformer", "transformer_postnorm", "transformer_prenorm", "transformer_fixnorm",
-         "transformer_scalenorm", "transformer_scalenorm_fixed_g", "transformer_rmsnorm", "transformer_qknorm",
-         "transformer_lpqknorm", "transformer_dnas", "transformer_hnas"]
+
+def test_readme_table_lists_every_preset():
+    # one list of presets: the registered ones (architectures.PRESETS) are the README's table, in order
+    text = open(f"{REPO}/README.md", encoding="utf-8").read()
+    table = text.split("## Architectures")[1].split("\n#")[0]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(ARCHS)
 
 
 def build(data_bin, arch, *extra):

@@ -68,7 +68,10 @@ def test_every_script_answers_help_with_every_option(path):
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_every_module_answers_help_with_every_option(module):
     path = "scoring/evaluate" if module == "scoring" else module.replace(".", "/")  # scoring/__main__.py runs evaluate
-    source = open(os.path.join(REPO, "qknorm_fairseq", path + ".py")).read()
+    # a package (benchmark/): every module in it
+    files = glob.glob(os.path.join(REPO, "qknorm_fairseq", path, "*.py")) or [os.path.join(REPO, "qknorm_fairseq",
+                                                                                         path + ".py")]
+    source = "".join(open(f).read() for f in files)
     texts = []
     for sub in [None, *MODULES[module]]:
         p = py(module, *([sub] if sub else []), "--help")
@@ -267,3 +270,16 @@ def test_committed_results_hold_no_machine_paths_or_host_name():
         if machine.search(text) or REPO in text or re.search(rf"\b{re.escape(host)}\b", text):
             found.append(name)
     assert not found, f"machine paths or the host name {host!r} in {found}"
+
+
+
+def test_readme_where_things_live_names_every_module_and_script():
+    # README.md's "Where things live" is how a newcomer finds the code of a step: it names every
+    # module and script there is, and nothing that is not there
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = text.split("## Where things live")[1].split("\n## ")[0]
+    named = set(re.findall(r"`([\w/]+\.(?:py|sh|sbatch))`", section)) - {"setup.py"}
+    package = os.path.join(REPO, "qknorm_fairseq")
+    tree = {os.path.relpath(f, package) for f in glob.glob(os.path.join(package, "**", "*.py"), recursive=True)}
+    tree = {m for m in tree if not m.endswith("__init__.py")} | {os.path.basename(f) for f in SCRIPTS}
+    assert sorted(tree - named) == [] and sorted(named - tree) == []

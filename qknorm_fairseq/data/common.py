@@ -1,4 +1,5 @@
-"""Errors, log lines, split names, line reading and atomic folders shared by the data tools."""
+"""Errors, log lines, split names and atomic folders shared by the data tools (reading and writing
+lines: qknorm_fairseq/files.py)."""
 import contextlib
 import os
 import shutil
@@ -18,27 +19,6 @@ class NotFound(DataError):
 
 def log(msg):
     print(f"[corpora] {msg}", file=sys.stderr, flush=True)
-
-
-def split_lines(text):
-    """TEXT cut at "\\n" only; a final "\\n" ends the last line and a "\\r" before it is dropped
-    (CRLF files). str.splitlines() would also cut at \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and
-    \\u2029, which occur inside real sentences and would misalign the two sides."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def read_lines(path):
-    # newline="": no universal-newline translation, a lone "\r" stays inside its sentence
-    with open(path, encoding="utf-8", newline="") as f:
-        return split_lines(f.read())
-
-
-def write_lines(path, lines):
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        f.writelines(line + "\n" for line in lines)
 
 
 @contextlib.contextmanager

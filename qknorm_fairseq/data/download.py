@@ -6,7 +6,8 @@ import os
 
 from .. import recipes
 from . import readers, sources
-from .common import SPLITS, DataError, NotFound, log, read_lines, staged_dir, write_lines
+from ..files import read_lines, write_lines
+from .common import SPLITS, DataError, NotFound, log, staged_dir
 from .fetch import fetch
 
 

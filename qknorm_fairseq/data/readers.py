@@ -1,13 +1,14 @@
 """Readers of the TED and IWSLT layouts, with the rules of the original TED reader
 (neulab/word-embeddings-for-nmt, ted_reader.py): a pair is kept when neither side is empty and
 neither contains "NULL" (the marker of a missing translation, written __NULL__ or _ _ NULL _ _).
-Lines are cut at "\\n" only (common.split_lines)."""
+Lines are cut at "\\n" only (qknorm_fairseq/files.py split_lines)."""
 import gzip
 import io
 import os
 import tarfile
 
-from .common import SPLITS, DataError, log, split_lines
+from ..files import split_lines
+from .common import SPLITS, DataError, log
 
 NULL_MARKER = "NULL"
 

@@ -1,7 +1,7 @@
 """prepare.sh stage 2 with --bpe sentencepiece: a joint SentencePiece BPE model instead of fastBPE."""
 import os
 
-from .common import read_lines, write_lines
+from ..files import read_lines, write_lines
 
 
 def spm_encode_dir(tok_dir, bpe_dir, src, tgt, vocab_size):

@@ -4,6 +4,7 @@ import json
 import os
 
 from .. import data_stats
+from ..files import write_atomic
 from .common import DataError
 
 # fairseq's --remove-bpe / --eval-bleu-remove-bpe value that undoes each segmentation
@@ -63,8 +64,5 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
         "target_vocab_size": len(tgt_types),
         "target_vocab": sorted(tgt_types),  # types seen on the target side of train (logit masking)
     }
-    tmp = os.path.join(data_bin, f"stats.json.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(stats, f, indent=1, ensure_ascii=False)
-    os.replace(tmp, os.path.join(data_bin, "stats.json"))
+    write_atomic(os.path.join(data_bin, "stats.json"), json.dumps(stats, indent=1, ensure_ascii=False))
     return stats

@@ -3,7 +3,8 @@ alignment check, Moses tokenization of raw text, whitespace normalised, train le
 import json
 import os
 
-from .common import DataError, log, read_lines, staged_dir, write_lines
+from ..files import read_lines, write_lines
+from .common import DataError, log, staged_dir
 from .readers import check_aligned
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import files
+
 MAX_ORDER = 4
 
 # Stats layout of one sentence (same order as sacrebleu's BLEU statistics):
@@ -70,15 +72,12 @@ class BleuResult:
 
 
 def read_lines(path, role="file"):
-    """Lines of a UTF-8 text file without their terminators; clear errors for bad paths."""
+    """Lines of a UTF-8 text file (files.read_lines); clear errors for bad paths and empty files."""
     if not os.path.exists(path):
         raise ScoringError(f"{role} {path!r} does not exist")
     if os.path.isdir(path):
         raise ScoringError(f"{role} {path!r} is a directory, expected a text file")
-    with open(path, encoding="utf-8", newline="\n") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    lines = files.read_lines(path)
     if not lines:
         raise ScoringError(f"{role} {path!r} is empty: nothing to score")
     return lines

@@ -8,7 +8,6 @@ Reads DIR/PAIR/<system>/{hyp.txt,scores.json} (written by scripts/evaluate.sh) a
 DIR/PAIR/compare.{md,csv,json}. ``sacrebleu_treebank`` is SacreBLEU after NLTK's Treebank
 detokenizer (QKNorm Table 3's procedure); the other metrics follow scripts/evaluate.sh.
 """
-import argparse
 import csv
 import io
 import json
@@ -19,9 +18,10 @@ import sys
 
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, ScoringError
-from .evaluate import METRICS, score_runs, score_systems, write_atomic
+from ..files import write_atomic
+from .evaluate import METRICS, score_runs, score_systems
 from .significance import replicate_bootstrap
-from ..cli import Parser
+from ..cli import Parser, fail
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
 DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
@@ -136,9 +136,8 @@ def build_seeds(pair, pair_dir, groups, ref, metric, detok, lang, baseline, publ
         per_seed = {k: {m: scores[run][m] for m in ALL_METRICS} for k, run in by_seed.items()}
         row = {"system": system, "seeds": list(by_seed), "runs": dict(by_seed), "per_seed": per_seed}
         for m in ALL_METRICS:
-            values = [v[m] for v in per_seed.values()]
-            row[m] = round(statistics.mean(values), 4)
-            row[m + "_sd"] = round(statistics.stdev(values), 4) if len(values) > 1 else None
+            mean, sd = mean_sd([v[m] for v in per_seed.values()])
+            row[m], row[m + "_sd"] = round(mean, 4), None if sd is None else round(sd, 4)
         row["delta"] = row["p_value"] = row["significant"] = None
         if system != baseline:
             res = replicate_bootstrap([stats[r][metric] for r in by_seed.values()],
@@ -164,6 +163,15 @@ def _sources(table):
     return seen
 
 
+def mean_sd(values):
+    """Mean and sample standard deviation over seeds (sd None for one seed)."""
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def fmt_mean_sd(mean, sd, digits=2):
+    return f"{mean:.{digits}f}" + ("" if sd is None else f" ± {sd:.{digits}f}")
+
+
 def to_rows(table):
     """Flat rows (header first) shared by the CSV and Markdown outputs."""
     sources = _sources(table)
@@ -175,8 +183,7 @@ def to_rows(table):
     out = [header]
     for r in table["rows"]:
         if table.get("seeds"):
-            cells = [r["system"]] + [f"{r[m]:.2f}" + ("" if r[m + "_sd"] is None else f" ± {r[m + '_sd']:.2f}")
-                                     for m in ALL_METRICS]
+            cells = [r["system"]] + [fmt_mean_sd(r[m], r[m + "_sd"]) for m in ALL_METRICS]
             cells += [str(len(r["seeds"])),
                       " ".join(f"{r['per_seed'][k][table['metric']]:.2f}" for k in r["seeds"])]
         else:
@@ -238,8 +245,7 @@ def read(path):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__)
     ap.add_argument("--pair", required=True)
     ap.add_argument("--results-dir", required=True)
     ap.add_argument("--published", default=DEFAULT_PUBLISHED)
@@ -257,8 +263,7 @@ def main(argv=None):
         table = build(args.pair, args.results_dir, args.published, args.baseline, args.metric, args.detok,
                       args.lang, args.n_samples, args.seed, args.treebank_detok)
     except ScoringError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e, 2)
     base = write(table, args.results_dir)
     print(to_markdown(table))
     print(f"wrote {shareable(base)}.{{md,csv,json}}", file=sys.stderr)

@@ -11,28 +11,15 @@ hypotheses and references detokenized with ``--detok``. The p-value (``--metric`
 bootstrap by default) tests each system against ``--baseline``; null for the baseline and
 when no baseline is named.
 """
-import argparse
 import json
-import os
 import sys
 
 from . import bleu
 from .significance import approximate_randomization, paired_bootstrap
-from ..cli import Parser
+from ..cli import Parser, fail
+from ..files import write_atomic
 
 METRICS = ("multi_bleu", "multi_bleu_detok", "sacrebleu")
-
-
-def _parse_sys(items):
-    systems = []
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise bleu.ScoringError(f"--sys expects NAME=FILE, got {item!r}")
-        if name in dict(systems):
-            raise bleu.ScoringError(f"system name {name!r} given twice")
-        systems.append((name, path))
-    return systems
 
 
 def score_runs(ref_paths, systems, detok="none", lang="en", warn=None):
@@ -109,17 +96,8 @@ def format_table(result):
     return "\n".join(lines)
 
 
-def write_atomic(path, text):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.scoring", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m qknorm_fairseq.scoring", description=__doc__)
     ap.add_argument("--ref", action="append", required=True,
                     help="reference file (repeat for multiple references)")
     ap.add_argument("--sys", action="append", required=True, metavar="NAME=HYP",
@@ -142,12 +120,11 @@ def main(argv=None):
     if n_samples < 1:
         ap.error("--n-samples must be positive")
     try:
-        result = score_systems(args.ref, _parse_sys(args.sys), baseline=args.baseline, detok=args.detok,
+        result = score_systems(args.ref, ap.named(args.sys, "--sys", "NAME=HYP"), baseline=args.baseline, detok=args.detok,
                                lang=args.lang, metric=args.metric, test=args.test, n_samples=n_samples,
                                seed=args.seed, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     except bleu.ScoringError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e, 2)
     text = json.dumps(result, indent=2, ensure_ascii=False)
     if args.output:
         write_atomic(args.output, text + "\n")

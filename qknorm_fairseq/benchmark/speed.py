@@ -1,10 +1,8 @@
-"""Speed and memory of every preset against fairseq's `transformer` (convergence on real data:
-qknorm_fairseq/study.py).
+"""Speed and memory of every preset against fairseq's `transformer`, on a synthetic corpus.
 
     python -m qknorm_fairseq.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
-    python -m qknorm_fairseq.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5]
 
-`speed` builds every model in one process (same synthetic corpus, dictionary, batch, dimensions and
+Builds every model in one process (same synthetic corpus, dictionary, batch, dimensions and
 dropout) and measures them interleaved, the order rotating each repetition:
   - training: target tokens per second of forward + backward + Adam step, after warm-up steps;
   - peak memory: on CUDA torch.cuda.max_memory_allocated over the training steps; on CPU (no
@@ -19,7 +17,6 @@ The speed of a shared CPU drifts by 20-30% over tens of seconds, so every measur
 warmed up once beforehand.
 Writes PREFIX.json and PREFIX.md (median, quartiles, min, max, ratio of medians to the stock model).
 """
-import argparse
 import json
 import os
 import platform
@@ -31,13 +28,11 @@ from datetime import datetime
 
 import torch
 
-from .paths import cpu_name, shareable
-from .cli import Parser
+from ..files import write_atomic
+from ..paths import cpu_name, shareable
 
+HELP = "training/decoding speed and memory of every preset vs stock transformer"
 STOCK = "transformer"
-PRESETS = ["qknorm_transformer", "transformer_postnorm", "transformer_prenorm", "transformer_fixnorm",
-           "transformer_scalenorm", "transformer_scalenorm_fixed_g", "transformer_rmsnorm", "transformer_qknorm",
-           "transformer_lpqknorm", "transformer_dnas", "transformer_hnas"]
 SLOW_TARGET = {"transformer_dnas": 0.80, "transformer_hnas": 0.80}  # every other preset: 0.95
 METRICS = ("train_tok_s", "decode_sent_s", "peak_mem_mb")
 
@@ -83,7 +78,7 @@ def model_flags(opts):
 def build(data_bin, arch, opts):
     from fairseq import options, tasks
 
-    user_dir = os.path.dirname(os.path.abspath(__file__))
+    user_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     extra = [] if arch == STOCK else ["--qknorm-length", opts.src_len]
     argv = [data_bin, "--user-dir", user_dir, "--arch", arch, "--source-lang", "src", "--target-lang", "tgt",
             "--criterion", "masked_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -273,13 +268,6 @@ def summarise(values):
             "runs": values}
 
 
-def write_atomic(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def speed_markdown(res):
     m, s = res["machine"], res["settings"]
     lines = ["# Speed and memory benchmark", "",
@@ -324,19 +312,19 @@ def speed_markdown(res):
     return "\n".join(lines) + "\n"
 
 
-def cmd_speed(opts):
+def run(opts):
     import qknorm_fairseq
     qknorm_fairseq.register()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
+    from ..architectures import PRESETS
+
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device; use --device cpu")
     if opts.dtype == "bf16" and not opts.device.startswith("cuda"):
         raise SystemExit("--dtype bf16 is for --device cuda; a CPU benchmark runs in fp32")
-    archs = [STOCK] + (opts.archs or PRESETS)
+    archs = [STOCK] + (opts.archs or list(PRESETS))
     unknown = [a for a in archs[1:] if a not in PRESETS]
     if unknown:
-        raise SystemExit(f"unknown preset(s) {unknown}; choose from {PRESETS}")
+        raise SystemExit(f"unknown preset(s) {unknown}; choose from {list(PRESETS)}")
     info = machine_info(opts)
     with tempfile.TemporaryDirectory() as tmp:
         data_bin = make_corpus(tmp, opts.vocab, n_sent=50)
@@ -396,69 +384,7 @@ def cmd_speed(opts):
     return res
 
 
-# ---------------------------------------------------------------- kernel micro-benchmark
-
-def cmd_kernels(opts):
-    """Each norm and l_p normalisation against its reference, timed interleaved in one process."""
-    from fairseq.modules import LayerNorm
-
-    from .attention import lp_normalize
-    from .norms import RMSNorm, ScaleNorm
-
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    d, hd = opts.dim, opts.dim // opts.heads
-
-    def reference_lp(p):
-        return lambda x: x / torch.linalg.vector_norm(x, ord=p, dim=-1, keepdim=True).clamp(min=1e-6)
-
-    # (name, function, reference name, input shape)
-    cases = [("LayerNorm", LayerNorm(d), None, (opts.tokens, d)),
-             ("ScaleNorm", ScaleNorm(d), "LayerNorm", (opts.tokens, d)),
-             ("RMSNorm", RMSNorm(d), "LayerNorm", (opts.tokens, d))]
-    for p in opts.p:
-        cases += [(f"vector_norm p={p:g}", reference_lp(p), None, (opts.tokens, opts.heads, hd)),
-                  (f"lp_normalize p={p:g}", lambda x, p=p: lp_normalize(x, p), f"vector_norm p={p:g}",
-                   (opts.tokens, opts.heads, hd))]
-    inputs = {shape: torch.randn(shape) for *_, shape in cases}
-    times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
-
-    def run(fn, x, grad):
-        x = x.detach().requires_grad_(grad)
-        with torch.set_grad_enabled(grad):
-            for _ in range(opts.iters):
-                y = fn(x)
-                if grad:
-                    y.sum().backward()
-
-    for _ in range(opts.reps):
-        for name, fn, _, shape in cases:
-            for grad in (False, True):
-                run(fn, inputs[shape], grad)  # warm-up
-                t0 = time.process_time()
-                run(fn, inputs[shape], grad)
-                times[name, grad].append((time.process_time() - t0) / opts.iters * 1e6)
-    lines = [f"# Kernel micro-benchmark (CPU, {torch.get_num_threads()} threads, {opts.reps} interleaved "
-             f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
-             f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}).", "",
-             "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
-    for name, _, ref, _ in cases:
-        row = [name]
-        for grad in (False, True):
-            med = statistics.median(times[name, grad])
-            row += [f"{med:.1f}", f"{med / statistics.median(times[ref, grad]):.2f}" if ref else "1"]
-        lines.append("| " + " | ".join(row + [ref or ""]) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if opts.out:
-        write_atomic(opts.out + ".md", text)
-    return times
-
-
-def main(argv=None):
-    p = Parser(prog="python -m qknorm_fairseq.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("speed", help="training/decoding speed and memory of every preset vs stock transformer")
+def add_arguments(s):
     s.add_argument("--dim", type=int, default=256)
     s.add_argument("--ffn", type=int, help="feed-forward size (default 4 * dim)")
     s.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
@@ -480,26 +406,3 @@ def main(argv=None):
     s.add_argument("--peak-tflops", type=float,
                    help="the device's dense peak for --dtype, for the MFU column (default: known H100/H200/A100 values)")
     s.add_argument("--out", default="results/benchmark", help="writes OUT.json and OUT.md")
-    k = sub.add_parser("kernels", help="norm and l_p-normalisation kernels against their references (CPU)")
-    k.add_argument("--dim", type=int, default=256)
-    k.add_argument("--heads", type=int, default=4)
-    k.add_argument("--tokens", type=int, default=384, help="rows per call (default: the speed batch, 16 x 24)")
-    k.add_argument("--p", type=float, nargs="+", default=[2.0, 4.0, 3.5], help="l_p norms to time")
-    k.add_argument("--iters", type=int, default=200)
-    k.add_argument("--reps", type=int, default=5)
-    k.add_argument("--threads", type=int, default=1)
-    k.add_argument("--out", help="also write OUT.md")
-    opts = p.parse_args(argv)
-    for k in ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam",
-              "reps", "vocab", "tokens", "iters"):
-        if getattr(opts, k, 1) is not None and getattr(opts, k, 1) < 1:
-            p.error(f"--{k.replace('_', '-')} must be >= 1")
-    if opts.cmd == "speed":
-        if opts.dim % opts.heads:
-            p.error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
-        return cmd_speed(opts)
-    return cmd_kernels(opts)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

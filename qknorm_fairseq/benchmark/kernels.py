@@ -1,0 +1,82 @@
+"""Each norm and l_p normalisation against its reference implementation, timed interleaved in one
+process on the CPU (process CPU time, one thread by default).
+
+    python -m qknorm_fairseq.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
+
+Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
+torch.linalg.vector_norm on (tokens, heads, dim / heads). Prints (and with --out writes OUT.md)
+the median microseconds per call, forward and forward + backward, and the ratio to the reference.
+"""
+import statistics
+import time
+
+import torch
+
+from ..files import write_atomic
+
+HELP = "norm and l_p-normalisation kernels against their references (CPU)"
+
+
+def run(opts):
+    from fairseq.modules import LayerNorm
+
+    from ..attention import lp_normalize
+    from ..norms import RMSNorm, ScaleNorm
+
+    d, hd = opts.dim, opts.dim // opts.heads
+
+    def reference_lp(p):
+        return lambda x: x / torch.linalg.vector_norm(x, ord=p, dim=-1, keepdim=True).clamp(min=1e-6)
+
+    # (name, function, reference name, input shape)
+    cases = [("LayerNorm", LayerNorm(d), None, (opts.tokens, d)),
+             ("ScaleNorm", ScaleNorm(d), "LayerNorm", (opts.tokens, d)),
+             ("RMSNorm", RMSNorm(d), "LayerNorm", (opts.tokens, d))]
+    for p in opts.p:
+        cases += [(f"vector_norm p={p:g}", reference_lp(p), None, (opts.tokens, opts.heads, hd)),
+                  (f"lp_normalize p={p:g}", lambda x, p=p: lp_normalize(x, p), f"vector_norm p={p:g}",
+                   (opts.tokens, opts.heads, hd))]
+    inputs = {shape: torch.randn(shape) for *_, shape in cases}
+    times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
+
+    def call(fn, x, grad):
+        x = x.detach().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            for _ in range(opts.iters):
+                y = fn(x)
+                if grad:
+                    y.sum().backward()
+
+    for _ in range(opts.reps):
+        for name, fn, _, shape in cases:
+            for grad in (False, True):
+                call(fn, inputs[shape], grad)  # warm-up
+                t0 = time.process_time()
+                call(fn, inputs[shape], grad)
+                times[name, grad].append((time.process_time() - t0) / opts.iters * 1e6)
+    lines = [f"# Kernel micro-benchmark (CPU, {torch.get_num_threads()} threads, {opts.reps} interleaved "
+             f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
+             f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}).", "",
+             "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
+    for name, _, ref, _ in cases:
+        row = [name]
+        for grad in (False, True):
+            med = statistics.median(times[name, grad])
+            row += [f"{med:.1f}", f"{med / statistics.median(times[ref, grad]):.2f}" if ref else "1"]
+        lines.append("| " + " | ".join(row + [ref or ""]) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if opts.out:
+        write_atomic(opts.out + ".md", text)
+    return times
+
+
+def add_arguments(k):
+    k.add_argument("--dim", type=int, default=256)
+    k.add_argument("--heads", type=int, default=4)
+    k.add_argument("--tokens", type=int, default=384, help="rows per call (default: the speed batch, 16 x 24)")
+    k.add_argument("--p", type=float, nargs="+", default=[2.0, 4.0, 3.5], help="l_p norms to time")
+    k.add_argument("--iters", type=int, default=200)
+    k.add_argument("--reps", type=int, default=5)
+    k.add_argument("--threads", type=int, default=1)
+    k.add_argument("--out", help="also write OUT.md")

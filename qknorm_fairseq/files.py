@@ -1,0 +1,47 @@
+"""Reading and writing the project's text files. Imports no fairseq.
+
+Lines are cut at "\\n" only (split_lines). Every file a tool writes appears complete or not at
+all: it is written under a temporary name beside its destination and renamed into place only
+when complete (atomic_path), so a later stage never mistakes a half-written file for a result.
+"""
+import contextlib
+import os
+
+
+def split_lines(text):
+    """TEXT cut at "\\n" only; a final "\\n" ends the last line and a "\\r" before it is dropped
+    (CRLF files). str.splitlines() would also cut at \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and
+    \\u2029, which occur inside real sentences and would misalign the two sides."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_lines(path):
+    # newline="": no universal-newline translation, a lone "\r" stays inside its sentence
+    with open(path, encoding="utf-8", newline="") as f:
+        return split_lines(f.read())
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yields a temporary path beside PATH; it replaces PATH when the block succeeds and is
+    removed otherwise."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_atomic(path, text):
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+
+
+def write_lines(path, lines):
+    write_atomic(path, "".join(line + "\n" for line in lines))

@@ -1,0 +1,25 @@
+"""qknorm_fairseq/files.py: lines cut at "\\n" only, writes that appear complete or not at all."""
+import os
+
+import pytest
+
+from qknorm_fairseq import files
+
+
+def test_lines_round_trip_with_odd_characters(tmp_path):
+    lines = ["a\x85b", "c\u2028d", "", "lone\rcr"]
+    files.write_lines(tmp_path / "x.txt", lines)
+    assert (tmp_path / "x.txt").read_bytes() == "a\x85b\nc\u2028d\n\nlone\rcr\n".encode()
+    assert files.read_lines(tmp_path / "x.txt") == lines
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "table.md"
+    files.write_atomic(path, "old\n")  # creates the folder
+    with pytest.raises(RuntimeError):
+        with files.atomic_path(path) as tmp:
+            open(tmp, "w").write("half")
+            raise RuntimeError("disk full")
+    assert path.read_text() == "old\n" and os.listdir(tmp_path / "sub") == ["table.md"]
+    files.write_atomic(path, "new\n")
+    assert path.read_text() == "new\n" and os.listdir(tmp_path / "sub") == ["table.md"]
