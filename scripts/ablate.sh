@@ -34,4 +34,4 @@ for r in "$system" "${system}_nobias" "${system}_stop$alt"; do
 done
 python -m qknorm_fairseq.ablation --pair "$pair" --system "$system" --runs "${runs[@]}" \
   --log-dir "$LOG_DIR/$pair" --results "$out" --out "$RESULTS_DIR/$pair/ablation_$system" \
-  --settings "Command: bash scripts/ablate.sh $pair $system${extra[*]:+ -- ${extra[*]}}"
+  --settings "Command: bash scripts/ablate.sh $pair $system${extra[*]:+ --$(printf ' %q' "${extra[@]}")}"
