@@ -14,7 +14,9 @@ import yaml
 from conftest import REPO, env
 from qknorm_fairseq import recipes
 
-PAIRS = ["ar-en", "demo", "en-he", "en-vi", "gl-en", "sk-en"]
+# the papers' pairs and the demo must be there; a user's own pair (a new configs/*.yaml) may be too
+PAPER_PAIRS = ["ar-en", "demo", "en-he", "en-vi", "gl-en", "sk-en"]
+PAIRS = sorted(recipes.available_pairs())
 SYSTEMS = ["postnorm", "prenorm", "fixnorm", "scalenorm", "rmsnorm", "qknorm", "lpqknorm", "dnas", "hnas"]
 SCHEDULES = ["valdecay", "nowarmup", "invsqrtdecay", "valdecay_2xlr", "invsqrtdecay_2xlr"]
 RECIPE_SECTIONS = ("model", "train", "schedules", "decode", "systems")
@@ -25,7 +27,7 @@ def flag(args, name):
 
 
 def test_every_pair_has_the_recipe_sections():
-    assert sorted(recipes.available_pairs()) == PAIRS
+    assert set(PAPER_PAIRS) <= set(PAIRS), f"missing recipes: {sorted(set(PAPER_PAIRS) - set(PAIRS))}"
     for pair in PAIRS:
         cfg = recipes.load(pair)
         for section in RECIPE_SECTIONS:
@@ -208,7 +210,7 @@ def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, 
 
     monkeypatch.setenv("DATA_BIN", str(tmp_path))  # no prepared data: the recipes alone
     golden = json.loads(open(os.path.join(REPO, "tests", "data", "recipes_golden.json")).read())
-    assert sorted(golden) == PAIRS
+    assert sorted(golden) == PAPER_PAIRS
     checked = 0
     for pair, outputs in golden.items():
         for call, expected in outputs.items():
