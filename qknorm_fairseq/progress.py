@@ -12,7 +12,9 @@ progress comes from fairseq's JSON records (`--log-format json`: `train_inner` e
 `| tee`) plain lines are printed: for training one per validation and at least every --every
 seconds, for decoding every --every seconds. QKNORM_PROGRESS=bar or =lines forces either.
 --verbose (or VERBOSE=1) echoes every line instead. Warnings and errors of the run (`| WARNING |`,
-`| ERROR |`, Python warnings) are always shown. One summary line at the end.
+`| ERROR |`, Python warnings) are always shown, except that `--python-warnings count` (for a
+program we do not control, like plain fairseq-train) shows one line counting its Python warnings
+instead, at its first record, or at the end if it stops before one. One summary line at the end.
 """
 import os
 import re
@@ -24,7 +26,8 @@ from .cli import Parser, run
 from .fairseq_log import parse_line
 
 RESUMED = re.compile(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
-SHOWN = re.compile(r"\| (WARNING|ERROR|CRITICAL) \||^\S+:\d+: \w*Warning: |^Traceback|^\w*Error: ")
+PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+SHOWN = re.compile(r"\| (WARNING|ERROR|CRITICAL) \||^Traceback|^\w*Error: |" + PY_WARNING.pattern)
 
 
 def clock(seconds):
@@ -123,15 +126,31 @@ def _bar(total, label, unit, right):
 
 
 def follow(args, on_line):
-    """Copy stdin to args.log line by line, calling on_line(text) for each; show run warnings."""
+    """Copy stdin to args.log line by line, calling on_line(text, shown) for each, shown telling
+    whether the line must be displayed (a run warning); counts Python warnings under --python-warnings count."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops fairseq; keep its last words in the log
+    counted, said = [0], [False]
+
+    def say_count():
+        if counted[0] and not said[0]:
+            print(stamp(args.tag, f"{counted[0]} Python warning{'s' * (counted[0] > 1)} from the run's libraries, "
+                                  f"not shown; full text in {args.log}"), file=sys.stderr, flush=True)
+        said[0] = True
+
     with open(args.log, "ab", buffering=0) as log:
         for raw in sys.stdin.buffer:
             log.write(raw)
             text = raw.decode("utf-8", "replace").rstrip("\n")
             if args.verbose:
                 print(text, file=sys.stderr, flush=True)
-            on_line(text, bool(SHOWN.search(text)) and not args.verbose)
+            shown = bool(SHOWN.search(text)) and not args.verbose
+            if shown and args.python_warnings == "count" and PY_WARNING.search(text):
+                counted[0] += 1
+                shown = False
+            elif not said[0] and parse_line(text):
+                say_count()
+            on_line(text, shown)
+    say_count()
 
 
 def follow_with_bar(args, bar, on_line):
@@ -213,6 +232,9 @@ def main(argv=None):
                        help="without a terminal: at most this many seconds between lines (default: %(default)s)")
         p.add_argument("--verbose", action="store_true", default=verbose,
                        help="echo every line instead of the progress display (default: VERBOSE=1)")
+        p.add_argument("--python-warnings", choices=("show", "count"), default="show",
+                       help="show every Python warning line of the run, or one line counting them "
+                            "(for a program we do not control; default: %(default)s)")
         if name == "train":
             p.add_argument("--max-update", type=int, default=0, help="the run's --max-update (0: unknown)")
         else:

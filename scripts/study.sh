@@ -79,7 +79,7 @@ train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped
   log "training $pair/$run (plain fairseq-train); log $(short "$log_dir/train.log"), checkpoints $(short "$save_dir")/"
   set +e
   "${cmd[@]}" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_dir/train.log" --max-update "$n_updates" \
-    --label "$pair/$run" --tag train
+    --label "$pair/$run" --tag train --python-warnings count
   local status=("${PIPESTATUS[@]}")
   set -e
   if [[ ${status[0]} != 0 ]]; then

@@ -179,6 +179,29 @@ def test_training_progress_plain_lines_without_a_terminal(tmp_path):
                      lines[3]), lines[3]
 
 
+def test_python_warnings_counted_in_one_line_for_a_program_we_do_not_control(tmp_path):
+    warnings = ["/venv/hydra/experimental/initialize.py:43: UserWarning: hydra.experimental.initialize() is old",
+                "  warnings.warn(",
+                "sys:1: UserWarning: ",
+                "/venv/fairseq/tasks/fairseq_task.py:531: FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated"]
+    text = "\n".join(FAKE_TRAIN[:1] + warnings + FAKE_TRAIN[1:]) + "\n"
+    cmd = [sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "t.log"),
+           "--max-update", "40", "--label", "gl-en/stock"]
+    shown = subprocess.run(cmd, input=text, capture_output=True, text=True, env=env())
+    assert shown.returncode == 0 and shown.stderr.count("Warning: ") == 3, shown.stderr
+    counted = subprocess.run(cmd + ["--python-warnings", "count"], input=text, capture_output=True, text=True, env=env())
+    lines = counted.stderr.splitlines()
+    assert counted.returncode == 0 and "Warning: " not in counted.stderr, counted.stderr
+    assert re.search(r"^\[train [\d:]+\] 3 Python warnings from the run's libraries, not shown; full text in "
+                     + re.escape(str(tmp_path / "t.log")) + "$", lines[0]), lines
+    assert "gl-en/stock 20/40 updates" in lines[1] and "our own warning stays visible" in lines[2]
+    assert (tmp_path / "t.log").read_text() == text * 2  # both runs appended every line
+    # a run that stops before its first record still says how many it hid
+    early = subprocess.run(cmd + ["--python-warnings", "count"], input=warnings[0] + "\n", capture_output=True,
+                           text=True, env=env())
+    assert early.returncode == 0 and "1 Python warning from the run's libraries" in early.stderr, early.stderr
+
+
 def test_periodic_lines_do_not_repeat_a_validation_line(tmp_path):
     records = []
     for u in range(10, 61, 10):
