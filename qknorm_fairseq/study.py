@@ -58,13 +58,16 @@ def load(path):
 
 def budget(cfg, max_update=None):
     """(updates, warmup updates, validation interval) of the study, or of a --max-update override
-    (warmup and interval scaled with it)."""
+    (a smoke run: warmup and interval scaled with it). The study's own warmup is a fixed number
+    of updates, so that no schedule depends on max_update: raising it continues every run."""
     b = cfg["budget"]
     n = int(max_update or b["max_update"])
     if n < 1:
         raise StudyError(f"--max-update must be >= 1, got {n}")
-    interval = int(b["validate_every"]) if max_update is None else max(1, round(n * b["validate_every"] / b["max_update"]))
-    return n, max(1, round(n * float(b["warmup_fraction"]))), interval
+    if max_update is None:
+        return n, int(b["warmup_updates"]), int(b["validate_every"])
+    scale = n / int(b["max_update"])
+    return n, max(1, round(int(b["warmup_updates"]) * scale)), max(1, round(int(b["validate_every"]) * scale))
 
 
 def _model_flags(m):

@@ -78,7 +78,11 @@ train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped
   printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "${cmd[@]}")" >>"$log_dir/train.log"
   log "training $pair/$run (plain fairseq-train); log $(short "$log_dir/train.log"), checkpoints $(short "$save_dir")/"
   set +e
-  "${cmd[@]}" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_dir/train.log" --max-update "$n_updates" \
+  # torch >= 2.6 loads with weights_only=True, which refuses fairseq 0.12's checkpoints (they pickle
+  # an argparse.Namespace), so plain fairseq-train could not resume; our runs get an allow-list
+  # from the plugin (qknorm_fairseq/checkpoint_compat.py), which this row must not load. It only
+  # ever loads the checkpoints it wrote itself, in its own save dir.
+  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "${cmd[@]}" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_dir/train.log" --max-update "$n_updates" \
     --label "$pair/$run" --tag train --python-warnings count
   local status=("${PIPESTATUS[@]}")
   set -e

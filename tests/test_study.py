@@ -63,8 +63,7 @@ def test_log_not_written_by_the_scripts_is_refused(tmp_path):
 
 def test_flags_follow_the_config():
     cfg = study.load(CONFIG)
-    n, warmup, every = cfg["budget"]["max_update"], None, cfg["budget"]["validate_every"]
-    warmup = round(n * cfg["budget"]["warmup_fraction"])
+    n, warmup, every = (cfg["budget"][k] for k in ("max_update", "warmup_updates", "validate_every"))
     flags = study.train_flags(cfg, "qknorm")
     value = {flags[i]: flags[i + 1] for i in range(0, len(flags), 2)}
     assert value["--max-update"] == str(n) and value["--warmup-updates"] == str(warmup)
@@ -77,8 +76,13 @@ def test_flags_follow_the_config():
     # a smoke budget scales warmup and validation interval with it
     small = study.train_flags(cfg, "qknorm", max_update=20)
     small = {small[i]: small[i + 1] for i in range(0, len(small), 2)}
-    assert small["--max-update"] == "20" and small["--warmup-updates"] == "5"
+    assert small["--max-update"] == "20" and small["--warmup-updates"] == str(round(20 * warmup / n))
     assert small["--validate-interval-updates"] == str(round(20 * every / n))
+    # the study's own warmup does not move with its budget: raising max_update continues the runs
+    cfg["budget"]["max_update"] = 2 * n
+    longer = study.train_flags(cfg, "qknorm")
+    longer = {longer[i]: longer[i + 1] for i in range(0, len(longer), 2)}
+    assert longer["--max-update"] == str(2 * n) and longer["--warmup-updates"] == str(warmup)
     with pytest.raises(study.StudyError, match="not one of the study's systems"):
         study.train_flags(cfg, "dnas")
 
@@ -156,10 +160,8 @@ def test_report_tables_and_curves(tmp_path):
         study.report(cfg, str(tmp_path / "logs"), str(tmp_path / "none.json"), str(tmp_path / "out"))
 
 
-@pytest.mark.system
-def test_study_smoke_run(tmp_path):
-    """scripts/study.sh end to end with 20 updates, 1 seed, two of our systems and the stock row, on a
-    small generated gl-en corpus and a tiny model: the table, the curves, and a plain-fairseq stock run."""
+def _smoke_study(tmp_path, **overrides):
+    """A study config over a small generated gl-en corpus and a tiny model, 1 seed; (config, env)."""
     src = tmp_path / "corpus"
     src.mkdir()
     rng = random.Random(5)
@@ -169,10 +171,18 @@ def test_study_smoke_run(tmp_path):
         (src / f"{split}.gl").write_text("".join(" ".join(s) + "\n" for s in sents))
         (src / f"{split}.en").write_text("".join(" ".join("w" + w[3:] for w in reversed(s)) + "\n" for s in sents))
     cfg = yaml.safe_load(open(CONFIG))
-    cfg.update(source_dir=str(src), seeds=1, model={"embed_dim": 32, "ffn_dim": 64, "layers": 1, "heads": 2})
+    cfg.update(source_dir=str(src), seeds=1, model={"embed_dim": 32, "ffn_dim": 64, "layers": 1, "heads": 2},
+               **overrides)
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    env = pipeline_env(str(tmp_path))
+    return config, pipeline_env(str(tmp_path))
+
+
+@pytest.mark.system
+def test_study_smoke_run(tmp_path):
+    """scripts/study.sh end to end with 20 updates, 1 seed, two of our systems and the stock row, on a
+    small generated gl-en corpus and a tiny model: the table, the curves, and a plain-fairseq stock run."""
+    config, env = _smoke_study(tmp_path)
     cmd = ["bash", os.path.join(REPO, "scripts", "study.sh"), "--config", str(config), "--systems",
            "postnorm qknorm fairseq_transformer", "--max-update", "20"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -195,3 +205,29 @@ def test_study_smoke_run(tmp_path):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (again.stdout + again.stderr).count("already trained with this command") == 3
+
+
+@pytest.mark.system
+def test_raising_the_budget_continues_every_run(tmp_path):
+    """The config's max_update raised after the study finished: every run (ours and the stock row)
+    resumes from its last checkpoint with the same warmup and goes on to the new budget."""
+    config, env = _smoke_study(tmp_path, budget={"max_update": 12, "warmup_updates": 4, "validate_every": 6})
+    cmd = ["bash", os.path.join(REPO, "scripts", "study.sh"), "--config", str(config), "--systems",
+           "postnorm fairseq_transformer"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    cfg = yaml.safe_load(config.read_text())
+    cfg["budget"]["max_update"] = 18
+    config.write_text(yaml.safe_dump(cfg))
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "already trained" not in second.stderr
+    res = json.loads((tmp_path / "results" / "study-gl-en" / "study.json").read_text())
+    for system in ("postnorm", "fairseq_transformer"):
+        run = res["runs"][system]["1"]
+        assert run["updates"] == 18 and run["segments"] == 2, run
+        assert [p["updates"] for p in run["curve"]] == [6, 12, 18], run["curve"]
+        assert all("--warmup-updates 4 " in c and f"--max-update {n} " in c
+                   for c, n in zip(run["commands"], (12, 18))), run["commands"]
+        log = (tmp_path / "logs" / "study-gl-en" / "gl-en" / system / "train.log").read_text()
+        assert re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ 12 updates\)", log), system
