@@ -144,7 +144,7 @@ def follow(args, on_line):
             if args.verbose:
                 print(text, file=sys.stderr, flush=True)
             shown = bool(SHOWN.search(text)) and not args.verbose
-            if shown and args.python_warnings == "count" and PY_WARNING.search(text):
+            if shown and getattr(args, "python_warnings", "show") == "count" and PY_WARNING.search(text):
                 counted[0] += 1
                 shown = False
             elif not said[0] and parse_line(text):
@@ -232,11 +232,11 @@ def main(argv=None):
                        help="without a terminal: at most this many seconds between lines (default: %(default)s)")
         p.add_argument("--verbose", action="store_true", default=verbose,
                        help="echo every line instead of the progress display (default: VERBOSE=1)")
-        p.add_argument("--python-warnings", choices=("show", "count"), default="show",
-                       help="show every Python warning line of the run, or one line counting them "
-                            "(for a program we do not control; default: %(default)s)")
         if name == "train":
             p.add_argument("--max-update", type=int, default=0, help="the run's --max-update (0: unknown)")
+            p.add_argument("--python-warnings", choices=("show", "count"), default="show",
+                           help="show every Python warning line of the run, or one line counting them "
+                                "(for a program we do not control; default: %(default)s)")
         else:
             p.add_argument("--total", type=int, required=True, help="sentences to decode")
     args = ap.parse_args(argv)

@@ -85,6 +85,34 @@ atomic_write() {
 mark_done() { atomic_write "$1/.done" printf '%s\n' ${2:+"$2"} "$(date -u +%FT%TZ)"; }
 is_done() { [[ -f $1/.done ]] && { [[ $# -lt 2 ]] || [[ $(head -n1 "$1/.done") == "$2" ]]; }; }
 
+# run_training LABEL LOG MAX_UPDATE [PROGRESS FLAGS...] -- COMMAND...: a training command's whole
+# output appended to LOG after a "# DATE COMMAND" line (one per start: the wall-time segments of
+# qknorm_fairseq/study.py), shown through the progress display (qknorm_fairseq/progress.py). A
+# usage error when fairseq's argument parser refused a flag (exit 2), a failure on any other exit.
+run_training() {
+  local label=$1 log_file=$2 max_update=$3 flags=() status msg
+  shift 3
+  while [[ $1 != -- ]]; do flags+=("$1"); shift; done
+  shift
+  mkdir -p "$(dirname "$log_file")"
+  printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "$@")" >>"$log_file"
+  set +e
+  "$@" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_file" --max-update "$max_update" \
+    --label "$label" --tag train "${flags[@]}"
+  status=("${PIPESTATUS[@]}")
+  set -e
+  if [[ ${status[0]} == 2 ]]; then
+    # fairseq's argument parser refused a flag: its own one-line message, not the usage block
+    msg=$(grep -E '(^|: )error: ' "$log_file" | tail -n 1)
+    usage_error "fairseq-train: ${msg#*error: } (full output: $(short "$log_file"))"
+  fi
+  if [[ ${status[0]} != 0 ]]; then
+    [[ $VERBOSE == 1 ]] || tail -n 15 "$log_file" >&2
+    die "training $label failed (exit ${status[0]}); full log: $(short "$log_file")"
+  fi
+  [[ ${status[1]} == 0 ]] || die "the progress display failed (exit ${status[1]}); training finished, log: $(short "$log_file")"
+}
+
 # has_gpu: true when torch sees a CUDA device.
 has_gpu() { python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
 

@@ -74,22 +74,15 @@ train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped
   if is_done "$save_dir" "$sig"; then
     log "$pair/$run already trained with this command ($save_dir)"; return 0
   fi
-  mkdir -p "$save_dir" "$log_dir"
-  printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "${cmd[@]}")" >>"$log_dir/train.log"
+  mkdir -p "$save_dir"
   log "training $pair/$run (plain fairseq-train); log $(short "$log_dir/train.log"), checkpoints $(short "$save_dir")/"
-  set +e
   # torch >= 2.6 loads with weights_only=True, which refuses fairseq 0.12's checkpoints (they pickle
   # an argparse.Namespace), so plain fairseq-train could not resume; our runs get an allow-list
   # from the plugin (qknorm_fairseq/checkpoint_compat.py), which this row must not load. It only
-  # ever loads the checkpoints it wrote itself, in its own save dir.
-  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "${cmd[@]}" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_dir/train.log" --max-update "$n_updates" \
-    --label "$pair/$run" --tag train --python-warnings count
-  local status=("${PIPESTATUS[@]}")
-  set -e
-  if [[ ${status[0]} != 0 ]]; then
-    [[ $VERBOSE == 1 ]] || tail -n 15 "$log_dir/train.log" >&2
-    die "training $pair/$run failed (exit ${status[0]}); full log: $(short "$log_dir/train.log")"
-  fi
+  # ever loads the checkpoints it wrote itself, in its own save dir. Its Python start-up warnings
+  # (hydra, torch), which our train.py silences, are counted in one line.
+  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 run_training "$pair/$run" "$log_dir/train.log" "$n_updates" \
+    --python-warnings count -- "${cmd[@]}"
   mark_done "$save_dir" "$sig"
 }
 

@@ -175,23 +175,7 @@ for ((i = 0; i < ${#cmd[@]}; i++)); do
   case ${cmd[i]} in --max-update) max_update=${cmd[i + 1]} ;; --max-update=*) max_update=${cmd[i]#*=} ;; esac
 done
 
-mkdir -p "$save_dir" "$log_dir"
+mkdir -p "$save_dir"
 log "training $pair/$name ($system) on $where; log $(short "$log_dir/train.log"), checkpoints $(short "$save_dir")/"
-printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "${cmd[@]}")" >>"$log_dir/train.log"
-# fairseq's whole output goes to train.log through the progress display (qknorm_fairseq/progress.py)
-set +e
-"${cmd[@]}" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_dir/train.log" --max-update "$max_update" \
-  --label "$pair/$name" --tag train
-status=("${PIPESTATUS[@]}")
-set -e
-if [[ ${status[0]} == 2 ]]; then
-  # fairseq's argument parser refused a flag: its own one-line message, not the usage block
-  msg=$(grep -E '(^|: )error: ' "$log_dir/train.log" | tail -n 1)
-  usage_error "fairseq-train: ${msg#*error: } (full output: $(short "$log_dir/train.log"))"
-fi
-if [[ ${status[0]} != 0 ]]; then
-  [[ $VERBOSE == 1 ]] || tail -n 15 "$log_dir/train.log" >&2
-  die "training $pair/$name failed (exit ${status[0]}); full log: $(short "$log_dir/train.log")"
-fi
-[[ ${status[1]} == 0 ]] || die "the progress display failed (exit ${status[1]}); training finished, log: $(short "$log_dir/train.log")"
+run_training "$pair/$name" "$log_dir/train.log" "$max_update" -- "${cmd[@]}"
 mark_done "$save_dir" "$signature"
