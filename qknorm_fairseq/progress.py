@@ -144,7 +144,7 @@ def follow(args, on_line):
             if args.verbose:
                 print(text, file=sys.stderr, flush=True)
             shown = bool(SHOWN.search(text)) and not args.verbose
-            if shown and getattr(args, "python_warnings", "show") == "count" and PY_WARNING.search(text):
+            if shown and args.python_warnings == "count" and PY_WARNING.search(text):
                 counted[0] += 1
                 shown = False
             elif not said[0] and parse_line(text):
@@ -239,6 +239,7 @@ def main(argv=None):
                                 "(for a program we do not control; default: %(default)s)")
         else:
             p.add_argument("--total", type=int, required=True, help="sentences to decode")
+            p.set_defaults(python_warnings="show")
     args = ap.parse_args(argv)
     return train(args) if args.cmd == "train" else decode(args)
 

@@ -247,9 +247,11 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
              f"system. Data: {cfg['source_dir']} (its own split, not the papers').", "",
              "## Test BLEU", "", "| " + " | ".join(test[0]) + " |", "|" + "---|" * len(test[0])]
     lines += ["| " + " | ".join(r) + " |" for r in test[1:]]
-    lines += ["", f"Baseline {table['baseline']}; mean over seeds ± sample standard deviation; p from "
-              f"{'the replicate bootstrap' if table.get('seeds') else 'the paired bootstrap'} "
-              f"(qknorm_fairseq/scoring/compare.py).", "",
+    if table.get("seeds"):
+        test = "mean over seeds ± sample standard deviation; p from the replicate bootstrap"
+    else:
+        test = "one run per system, no spread; p from the paired bootstrap (test sentences only, not seed variance)"
+    lines += ["", f"Baseline {table['baseline']}; {test} (qknorm_fairseq/scoring/compare.py).", "",
               "## Training wall time and dev BLEU", "",
               "| system | updates per seed | wall time per run, min | all seeds, min | best dev BLEU |",
               "|---|---|---|---|---|"]

@@ -152,12 +152,25 @@ def test_report_tables_and_curves(tmp_path):
     assert f"| postnorm | {p['multi_bleu']:.2f} ± {p['multi_bleu_sd']:.2f} |" in text
     assert "Command: `bash scripts/study.sh`" in text and "Settings: configs/studies/gl-en.yaml;" in text
     assert "published" not in text  # the papers' split differs: no published columns
+    assert "mean over seeds ± sample standard deviation; p from the replicate bootstrap" in text
     res = json.load(open(tmp_path / "out" / "study.json"))
     assert res["runs"]["postnorm"]["2"]["curve"][1] == {"updates": 20, "wall_s": 20, "bleu": 2.5}
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(study.StudyError, match="evaluate the runs first"):
         study.report(cfg, str(tmp_path / "logs"), str(tmp_path / "none.json"), str(tmp_path / "out"))
+
+
+def test_report_of_one_seed_claims_no_spread(tmp_path):
+    cfg = study.load(CONFIG)
+    _write_runs(tmp_path / "logs", {"postnorm": (600, [1.0, 2.0]), "fairseq_transformer": (1200, [0.5, 1.0])})
+    _write_scores(tmp_path / "results", {"postnorm": 0.3, "fairseq_transformer": 0.4})
+    compare.write(compare.build("gl-en", str(tmp_path / "results"), n_samples=50), str(tmp_path / "results"))
+    md, _ = study.report(cfg, str(tmp_path / "logs"), str(tmp_path / "results" / "gl-en" / "compare.json"),
+                         str(tmp_path / "out"), systems=["postnorm", "fairseq_transformer"], seeds=1)
+    text = open(md).read()
+    assert "one run per system, no spread; p from the paired bootstrap" in text
+    assert "±" not in text and "mean over seeds" not in text
 
 
 def _smoke_study(tmp_path, **overrides):
