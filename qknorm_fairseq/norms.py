@@ -68,7 +68,7 @@ class ScaleNorm(nn.Module):
         return _ScaleNormFunction.apply(x.float(), self.g.float(), self.eps).type_as(x)
 
     def extra_repr(self):
-        return f"g={float(self.g):.3f}, learnable={isinstance(self.g, nn.Parameter)}"
+        return f"g={self.g.detach().item():.3f}, learnable={isinstance(self.g, nn.Parameter)}"
 
 
 class RMSNorm(nn.Module):

@@ -29,6 +29,14 @@ def test_scalenorm_fixed_g_is_not_a_parameter():
     assert "g" in norm.state_dict()
 
 
+@pytest.mark.parametrize("learnable", [True, False])
+def test_scalenorm_repr_prints_g_without_autograd_warning(learnable, recwarn):
+    # fairseq logs the model's repr at the start of every training run
+    text = repr(ScaleNorm(16, learnable=learnable))
+    assert f"g=4.000, learnable={learnable}" in text
+    assert not [w for w in recwarn if "requires_grad" in str(w.message)]
+
+
 def test_rmsnorm_definition():
     d = 32
     norm = RMSNorm(d)
