@@ -248,10 +248,10 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
              "## Test BLEU", "", "| " + " | ".join(test[0]) + " |", "|" + "---|" * len(test[0])]
     lines += ["| " + " | ".join(r) + " |" for r in test[1:]]
     if table.get("seeds"):
-        test = "mean over seeds ± sample standard deviation; p from the replicate bootstrap"
+        spread = "mean over seeds ± sample standard deviation; p from the replicate bootstrap"
     else:
-        test = "one run per system, no spread; p from the paired bootstrap (test sentences only, not seed variance)"
-    lines += ["", f"Baseline {table['baseline']}; {test} (qknorm_fairseq/scoring/compare.py).", "",
+        spread = "one run per system, no spread; p from the paired bootstrap (test sentences only, not seed variance)"
+    lines += ["", f"Baseline {table['baseline']}; {spread} (qknorm_fairseq/scoring/compare.py).", "",
               "## Training wall time and dev BLEU", "",
               "| system | updates per seed | wall time per run, min | all seeds, min | best dev BLEU |",
               "|---|---|---|---|---|"]
