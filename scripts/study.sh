@@ -11,7 +11,7 @@
 #   --seeds N        seeds 1..N (default: the config's)
 #   --max-update N   a smaller budget for a smoke run; its runs and results go to folders named
 #                    NAME-uN, apart from the study's
-#   --report-only    rebuild the report from the runs done so far' logs and test scores
+#   --report-only    rebuild the report from the records of the runs finished so far
 #   --verbose        every tool's whole output instead of the progress lines (= VERBOSE=1)
 #   -h, --help       this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 # Steps, each resumable (the study spans sessions; re-run the same command to go on):
@@ -19,10 +19,15 @@
 #      $DATA_DIR/NAME and $DATA_BIN/NAME (skipped when done)
 #   2. per seed, per system: train (our systems: scripts/train.sh --seed K PAIR SYSTEM + the
 #      study's flags; stock: plain fairseq-train without --user-dir), resumed from
-#      checkpoint_last.pt, skipped when finished; then scripts/evaluate.sh on the test set
+#      checkpoint_last.pt; then scripts/evaluate.sh on the test set; then the run's record
+#      (below). A run whose record was made by the same command is skipped.
 #   3. the report: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png (python -m qknorm_fairseq.study)
-# Runs: $CKPT_DIR/NAME/PAIR/RUN, logs $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs and the
-# compare table $RESULTS_DIR/NAME/PAIR/ (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K).
+#      and the test table $RESULTS_DIR/NAME/runs/PAIR/compare.{md,csv,json}, read from the records
+# Runs: checkpoints $CKPT_DIR/NAME/PAIR/RUN, log $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs
+# $RESULTS_DIR/NAME/PAIR/RUN (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K). The record of a
+# finished run, $RESULTS_DIR/NAME/runs/PAIR/RUN/{train.log,hyp.txt,scores.json,command.txt}, is all
+# the report reads and is kept in git (.gitignore): a study spanning sessions survives a fresh
+# clone, where checkpoints and logs are gone; command.txt is the training command without paths.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 config=$ROOT/configs/studies/gl-en.yaml systems="" seeds="" max_update="" report_only=0
 invocation="bash scripts/study.sh $*"
@@ -63,6 +68,27 @@ export RESULTS_DIR=$RESULTS_DIR/$name
 # shellcheck disable=SC2086
 set -- $systems
 n_runs=$(( $# * seeds )) i=0
+records=$RESULTS_DIR/runs/$pair
+
+run_command() {  # run_command SYSTEM SEED RUN: a run's training command without this machine's paths
+  if [[ $1 == "$stock" ]]; then
+    printf 'fairseq-train %s\n' "$(study stock-args "$config" --data-bin "\$DATA_BIN/$pair" \
+      --save-dir "\$CKPT_DIR/$pair/$3" --seed "$2" "${budget_args[@]}")"
+  else
+    printf 'scripts/train.sh --seed %s %s %s %s\n' "$2" "$pair" "$1" "$(study train-flags "$config" "$1" "${budget_args[@]}")"
+  fi
+}
+
+file_record() {  # file_record RUN COMMAND: the finished run's record, written whole or not at all
+  local rec=$records/$1 tmp=$RESULTS_DIR/runs/.$1.tmp.$$  # outside PAIR/, where compare looks
+  rm -rf "$tmp"; mkdir -p "$tmp" "$records"
+  # the log without this checkout's location, which results must not name
+  sed "s#$ROOT/##g" "$LOG_DIR/$pair/$1/train.log" > "$tmp/train.log" \
+    && cp "$RESULTS_DIR/$pair/$1/hyp.txt" "$RESULTS_DIR/$pair/$1/scores.json" "$tmp/" \
+    && printf '%s\n' "$2" > "$tmp/command.txt" && rm -rf "$rec" && mv "$tmp" "$rec" \
+    || die "could not write the record of $1 in $(short "$records")/"
+  log "record of $1: $(short "$rec")/ (train.log, hyp.txt, scores.json, command.txt; commit it)"
+}
 
 train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped when finished
   local seed=$1 run=$2 save_dir=$CKPT_DIR/$pair/$2 log_dir=$LOG_DIR/$pair/$2 line sig cmd device=()
@@ -86,20 +112,27 @@ train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped
   mark_done "$save_dir" "$sig"
 }
 
+# The data, also for --report-only: the records' scores name the reference test set it holds.
+for f in train dev test; do for l in ${pair%-*} ${pair#*-}; do
+  [[ -f $src_dir/$f.$l ]] || die "missing $src_dir/$f.$l: the study needs the shared TED corpus there (source_dir in $config)"
+done; done
+mkdir -p "$LOG_DIR/$pair"
+quietly "$LOG_DIR/$pair/data.log" bash "$ROOT/scripts/prepare.sh" --pair "$pair" --src-dir "$src_dir" --tokenized \
+  || die "preparing $pair failed; log: $(short "$LOG_DIR/$pair/data.log")"
+log "data: $(short "$DATA_BIN/$pair") ready (log $(short "$LOG_DIR/$pair/data.log"))"
 if [[ $report_only == 0 ]]; then
-  for f in train dev test; do for l in ${pair%-*} ${pair#*-}; do
-    [[ -f $src_dir/$f.$l ]] || die "missing $src_dir/$f.$l: the study needs the shared TED corpus there (source_dir in $config)"
-  done; done
   log "study $name: systems ($systems), seeds 1..$seeds, $n_updates updates each; $n_runs runs"
-  mkdir -p "$LOG_DIR/$pair"
-  quietly "$LOG_DIR/$pair/data.log" bash "$ROOT/scripts/prepare.sh" --pair "$pair" --src-dir "$src_dir" --tokenized \
-    || die "preparing $pair failed; log: $(short "$LOG_DIR/$pair/data.log")"
-  log "data: $(short "$DATA_BIN/$pair") ready (log $(short "$LOG_DIR/$pair/data.log"))"
   for seed in $(seq 1 "$seeds"); do
     for system in $systems; do
       i=$((i + 1))
       run=$system; (( seed > 1 )) && run=${system}_seed$seed
       label="run $i/$n_runs $run"
+      command=$(run_command "$system" "$seed" "$run") || die "$label: study flags failed"
+      if [[ -f $records/$run/command.txt && $(cat "$records/$run/command.txt") == "$command" ]]; then
+        log "$label: finished, record $(short "$records/$run")/"; continue
+      fi
+      [[ -d $records/$run && ! -d $CKPT_DIR/$pair/$run ]] \
+        && die "$label: its record $(short "$records/$run")/ was made by another command (its command.txt) and its checkpoints are not here; move the record away to train $run again"
       log "$label"
       if [[ $system == "$stock" ]]; then
         train_stock "$seed" "$run"
@@ -110,13 +143,15 @@ if [[ $report_only == 0 ]]; then
         bash "$ROOT/scripts/train.sh" --seed "$seed" "$pair" "$system" "${flags[@]}" || die "$label: training failed (see above)"
       fi
       bash "$ROOT/scripts/evaluate.sh" "$pair" "$run" || die "$label: evaluation failed (see above)"
+      file_record "$run" "$command"
     done
   done
 fi
 
-log "test table: $RESULTS_DIR/$pair/compare.md"
-python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR" --lang "$(recipe "$pair" tgt)" >/dev/null
+[[ -d $records ]] || die "no finished runs: no records in $(short "$records")/ (run bash scripts/study.sh without --report-only)"
+log "test table: $(short "$records/compare.md")"
+python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR/runs" --lang "$(recipe "$pair" tgt)" >/dev/null
 # shellcheck disable=SC2086
-study report "$config" --log-dir "$LOG_DIR" --compare "$RESULTS_DIR/$pair/compare.json" --out "$RESULTS_DIR" \
+study report "$config" --log-dir "$RESULTS_DIR/runs" --compare "$records/compare.json" --out "$RESULTS_DIR" \
   --systems $systems --seeds "$seeds" "${budget_args[@]}" --command "$invocation"
 cat "$RESULTS_DIR/study.md"

@@ -85,6 +85,32 @@ def test_compare_errors(tmp_path):
         compare.build("en-vi", str(res), baseline="nope")
 
 
+def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypatch):
+    """evaluate writes a reference inside the repository relative to it (results, such as a study's
+    committed records, never name this machine's paths), and compare finds it from any directory."""
+    from qknorm_fairseq import paths
+    from qknorm_fairseq.scoring import evaluate
+
+    monkeypatch.setattr(paths, "ROOT", str(tmp_path))
+    monkeypatch.setattr(compare, "ROOT", str(tmp_path))
+    (tmp_path / "data").mkdir()
+    refs = [f"the talk number {i} was long and good" for i in range(40)]
+    (tmp_path / "data" / "test.en").write_text("".join(r + "\n" for r in refs))
+    hyps = {"postnorm": [r.replace("good", "bad") for r in refs], "qknorm": refs}
+    for name, lines in hyps.items():
+        d = tmp_path / "results" / "gl-en" / name
+        d.mkdir(parents=True)
+        (d / "hyp.txt").write_text("".join(h + "\n" for h in lines))
+        scores = evaluate.score_systems([str(tmp_path / "data" / "test.en")], [(name, str(d / "hyp.txt"))])
+        assert scores["reference"] == [os.path.join("data", "test.en")]
+        (d / "scores.json").write_text(json.dumps(scores))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rows = {r["system"]: r for r in compare.build("gl-en", str(tmp_path / "results"), n_samples=50)["rows"]}
+    for name, lines in hyps.items():
+        assert rows[name]["multi_bleu"] == pytest.approx(naive_bleu(lines, refs), abs=0.01)
+
+
 def test_published_csv_complete():
     rows = list(csv.DictReader(open(os.path.join(REPO, "results", "published.csv"))))
     by = {}

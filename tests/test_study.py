@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -214,10 +215,31 @@ def test_study_smoke_run(tmp_path):
     assert stock_cmd.startswith("fairseq-train ") and "--user-dir" not in stock_cmd
     assert "--user-dir" in res["runs"]["qknorm"]["1"]["commands"][0]
     assert all(r["1"]["updates"] == 20 for r in res["runs"].values())
-    # a second call finds every run finished and only rebuilds the report
+    # a second call finds every run's record and only rebuilds the report
     again = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert (again.stdout + again.stderr).count("already trained with this command") == 3
+    assert again.stderr.count(": finished, record ") == 3 and "training gl-en/" not in again.stderr
+    # a fresh clone: checkpoints, logs, data and test outputs gone, only the committed records left
+    records = out / "runs" / "gl-en"
+    assert sorted(p.name for p in records.iterdir() if p.is_dir()) == ["fairseq_transformer", "postnorm", "qknorm"]
+    assert {p.name for p in (records / "qknorm").iterdir()} == {"train.log", "hyp.txt", "scores.json", "command.txt"}
+    assert (records / "qknorm" / "command.txt").read_text().startswith("scripts/train.sh --seed 1 gl-en qknorm ")
+    assert (records / "fairseq_transformer" / "command.txt").read_text().startswith(
+        "fairseq-train '$DATA_BIN/gl-en' ")
+    for gone in ("checkpoints", "logs", "data", "data-bin", "results/study-gl-en-u20/gl-en"):
+        shutil.rmtree(tmp_path / gone)
+    fresh = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert fresh.stderr.count(": finished, record ") == 3 and "training gl-en/" not in fresh.stderr
+    assert json.loads((out / "study.json").read_text())["runs"] == res["runs"]
+    assert (out / "study.md").read_text().split("## Test BLEU")[1] == text.split("## Test BLEU")[1]
+    # a record made by another command, whose checkpoints are gone, is never overwritten silently
+    (records / "postnorm" / "command.txt").write_text("scripts/train.sh --seed 1 gl-en postnorm --lr 1\n")
+    other = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert other.returncode == 1
+    assert ("run 1/3 postnorm: its record results/study-gl-en-u20/runs/gl-en/postnorm/ was made by another "
+            "command (its command.txt) and its checkpoints are not here; move the record away to train "
+            "postnorm again") in other.stderr.replace(str(tmp_path) + "/", ""), other.stderr[-2000:]
 
 
 @pytest.mark.system

@@ -289,7 +289,8 @@ def test_committed_results_hold_no_machine_paths_or_host_name():
         data = open(os.path.join(REPO, name), "rb").read()
         if b"\0" in data[:4096]:  # PNG and other binary files
             continue
-        text = data.decode("utf-8")
+        # fairseq's own default (every train.log's config dump), not a path of this machine
+        text = data.decode("utf-8").replace("plasma_path': '/tmp/plasma'", "").replace("plasma_path='/tmp/plasma'", "")
         if machine.search(text) or REPO in text or re.search(rf"\b{re.escape(host)}\b", text):
             found.append(name)
     assert not found, f"machine paths or the host name {host!r} in {found}"

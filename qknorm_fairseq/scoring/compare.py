@@ -76,7 +76,8 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
     refs = {tuple(m["reference"]) for m in metas.values()}
     if len(refs) != 1:
         raise ScoringError(f"systems of {pair} were scored against different references: {sorted(refs)}")
-    ref = list(refs.pop())
+    # scores.json names the reference relative to the repository when it lies inside it (shareable)
+    ref = [r if os.path.isabs(r) else os.path.join(ROOT, r) for r in refs.pop()]
     first = metas[systems[0]]
     metric = metric or first["metric"]
     detok = detok or first["detok"]

@@ -18,6 +18,7 @@ from . import bleu
 from .significance import approximate_randomization, paired_bootstrap
 from ..cli import Parser, fail
 from ..files import write_atomic
+from ..paths import shareable
 
 METRICS = ("multi_bleu", "multi_bleu_detok", "sacrebleu")
 
@@ -74,7 +75,7 @@ def score_systems(ref_paths, systems, baseline=None, detok="none", lang="en", me
             res = fn(stats[name][metric], stats[baseline][metric], n_samples=n_samples, seed=seed,
                      score_fn=score_fns[metric])
             out[name]["p_value"] = res["p_value"]
-    return {"systems": out, "reference": list(ref_paths), "baseline": baseline, "detok": detok,
+    return {"systems": out, "reference": [shareable(p) for p in ref_paths], "baseline": baseline, "detok": detok,
             "metric": metric, "test": test if baseline else None, "n_samples": n_samples, "seed": seed}
 
 
