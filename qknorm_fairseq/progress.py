@@ -24,6 +24,7 @@ import time
 
 from .cli import Parser, run
 from .fairseq_log import parse_line
+from .paths import shareable
 
 RESUMED = re.compile(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
 PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
@@ -134,7 +135,7 @@ def follow(args, on_line):
     def say_count():
         if counted[0] and not said[0]:
             print(stamp(args.tag, f"{counted[0]} Python warning{'s' * (counted[0] > 1)} from the run's libraries, "
-                                  f"not shown; full text in {args.log}"), file=sys.stderr, flush=True)
+                                  f"not shown; full text in {shareable(args.log)}"), file=sys.stderr, flush=True)
         said[0] = True
 
     with open(args.log, "ab", buffering=0) as log:
