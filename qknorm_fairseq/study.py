@@ -6,6 +6,8 @@ wall time and dev-BLEU curves of every run, and the report.
         # fairseq flags appended to `scripts/train.sh PAIR SYSTEM` for one of our systems
     python -m qknorm_fairseq.study stock-args CONFIG --data-bin DIR --save-dir DIR --seed K [--max-update N]
         # the whole plain fairseq-train command line of the stock reference row
+    python -m qknorm_fairseq.study record-change RECORD_COMMAND_TXT NOW_FILE|-
+        # same / more-updates / different: ... (a finished run's record against the command now)
     python -m qknorm_fairseq.study report CONFIG --log-dir DIR --compare JSON --out DIR
         [--max-update N] [--command TEXT]
 
@@ -122,6 +124,33 @@ def all_systems(cfg):
 def get(cfg, key):
     node = recipes.get(cfg, key)
     return " ".join(map(str, node)) if isinstance(node, list) else node
+
+
+# ---------------------------------------------------------------- records
+
+def record_change(old, new):
+    """How a run's record (its command.txt: the study's command, the whole training command and the
+    decoding settings, one per line) stands against the command the study would run now: 'same';
+    'more-updates' when the one difference is a larger --max-update (a raised budget continues the
+    run from its checkpoints); otherwise 'different: ...' naming the first difference."""
+    old_lines, new_lines = old.strip().splitlines(), new.strip().splitlines()
+    if old_lines == new_lines:
+        return "same"
+    if len(old_lines) != len(new_lines):
+        return f"different: {len(old_lines)} lines against {len(new_lines)} (a record of an older format)"
+    more = False
+    for a, b in zip(old_lines, new_lines):
+        ta, tb = shlex.split(a), shlex.split(b)
+        if len(ta) != len(tb):
+            return f"different: {a.split(':')[0]} line has {len(ta)} words against {len(tb)}"
+        for i, (x, y) in enumerate(zip(ta, tb)):
+            if x == y:
+                continue
+            if i and ta[i - 1] == "--max-update" and x.isdigit() and y.isdigit() and int(y) > int(x):
+                more = True
+                continue
+            return f"different: {ta[0]} ... {ta[i - 1] if i else ''} {x!r} now {y!r}"
+    return "more-updates" if more else "same"
 
 
 # ---------------------------------------------------------------- logs
@@ -289,6 +318,9 @@ def main(argv=None):
     p.add_argument("--data-bin", required=True)
     p.add_argument("--save-dir", required=True)
     p.add_argument("--seed", type=int, required=True)
+    p = sub.add_parser("record-change", help="a record's command.txt against the command now (record_change)")
+    p.add_argument("record", help="the record's command.txt")
+    p.add_argument("now", help="a file with the command the study would run now ('-': standard input)")
     p = sub.add_parser("report")
     p.add_argument("config")
     p.add_argument("--log-dir", required=True)
@@ -301,6 +333,12 @@ def main(argv=None):
         sub.choices[name].add_argument("--max-update", type=int, help="override the config's budget (smoke runs)")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "record-change":
+            with open(args.record, encoding="utf-8") as f:
+                old = f.read()
+            new = sys.stdin.read() if args.now == "-" else open(args.now, encoding="utf-8").read()
+            print(record_change(old, new))
+            return 0
         cfg = load(args.config)
         if args.cmd == "get":
             print(get(cfg, args.key))

@@ -7,7 +7,7 @@ usage: bash scripts/compare.sh [PAIR|--pair PAIR|all] [flags for python -m qknor
 
   PAIR         a configs/PAIR.yaml with results; all (the default): every pair that has results
   -h, --help   this help; the flags passed on (--baseline NAME, --metric M, --detok D, --n-samples N,
-               --seed S, --published CSV, --treebank-detok T) are listed by
+               --seed S, --published CSV, --treebank-detok T, --runs RUN...) are listed by
                python -m qknorm_fairseq.scoring.compare --help
 
 For each pair: reads $RESULTS_DIR/PAIR/<system>/{hyp.txt,scores.json} (scripts/evaluate.sh),

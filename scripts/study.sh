@@ -4,14 +4,18 @@
 # test decoding alike; a table of test BLEU (mean ± sd over seeds), training wall time per system
 # and dev-BLEU curves against updates and wall time.
 #   bash scripts/study.sh [--config configs/studies/gl-en.yaml] [--systems "a b"] [--seeds N]
-#                         [--max-update N] [--report-only]
+#                         [--max-update N] [--report-only] [--dry-run]
 #   --config FILE    the study (default configs/studies/gl-en.yaml: model size, budget, systems,
 #                    seeds, the stock row's recipe; every value commented there)
 #   --systems "..."  a subset of the config's systems (ours and its stock name, fairseq_transformer)
 #   --seeds N        seeds 1..N (default: the config's)
 #   --max-update N   a smaller budget for a smoke run; its runs and results go to folders named
 #                    NAME-uN, apart from the study's
-#   --report-only    rebuild the report from the records of the runs finished so far
+#   --report-only    rebuild the report from the records of the chosen systems and seeds (every
+#                    one must be finished); it needs the corpus at source_dir, whose prepared test
+#                    set is the reference the records were scored against
+#   --dry-run        print every run's state (finished, more-updates, different, to train) and
+#                    the command.txt its record would hold; train nothing
 #   --verbose        every tool's whole output instead of the progress lines (= VERBOSE=1)
 #   -h, --help       this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
 # Steps, each resumable (the study spans sessions; re-run the same command to go on):
@@ -20,17 +24,20 @@
 #   2. per seed, per system: train (our systems: scripts/train.sh --seed K PAIR SYSTEM + the
 #      study's flags; stock: plain fairseq-train without --user-dir), resumed from
 #      checkpoint_last.pt; then scripts/evaluate.sh on the test set; then the run's record
-#      (below). A run whose record was made by the same command is skipped.
+#      (below). A run whose record was made by the same command is skipped; one whose record
+#      differs only by a smaller --max-update continues from its checkpoints; any other
+#      difference stops the study (move the record away to redo the run).
 #   3. the report: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png (python -m qknorm_fairseq.study)
 #      and the test table $RESULTS_DIR/NAME/runs/PAIR/compare.{md,csv,json}, read from the records
 # Runs: checkpoints $CKPT_DIR/NAME/PAIR/RUN, log $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs
 # $RESULTS_DIR/NAME/PAIR/RUN (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K). The record of a
 # finished run, $RESULTS_DIR/NAME/runs/PAIR/RUN/{train.log,hyp.txt,scores.json,command.txt}, is all
 # the report reads and is kept in git (.gitignore): a study spanning sessions survives a fresh
-# clone, where checkpoints and logs are gone; command.txt is the training command without paths.
+# clone, where checkpoints and logs are gone. command.txt says how the run was made, without this
+# machine's paths: the study's command, the whole training command and the decoding settings.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-config=$ROOT/configs/studies/gl-en.yaml systems="" seeds="" max_update="" report_only=0
-invocation="bash scripts/study.sh $*"
+config=$ROOT/configs/studies/gl-en.yaml systems="" seeds="" max_update="" report_only=0 dry=0
+invocation="bash scripts/study.sh$(printf ' %q' "$@")"
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -39,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --seeds) need "$@"; seeds=$2; shift 2 ;;
     --max-update) need "$@"; max_update=$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
+    --dry-run) dry=1; shift ;;
     --verbose) VERBOSE=1; shift ;;
     *) usage_error "unknown argument $1" ;;
   esac
@@ -70,13 +78,35 @@ set -- $systems
 n_runs=$(( $# * seeds )) i=0
 records=$RESULTS_DIR/runs/$pair
 
-run_command() {  # run_command SYSTEM SEED RUN: a run's training command without this machine's paths
+portable() {  # a command without this machine's paths (the study's folders by name) or device flag
+  sed -E -e "s#$DATA_BIN/#\$DATA_BIN/#g" -e "s#$CKPT_DIR/#\$CKPT_DIR/#g" -e "s#$ROOT/##g" \
+    -e 's/ --cpu( |$)/\1/g' -e 's/ +$//'
+}
+
+stock_command() {  # stock_command SEED RUN: sets cmd, the stock row's whole fairseq-train command
+  local line device=()
+  has_gpu || device=(--cpu)
+  line=$(study stock-args "$config" --data-bin "$DATA_BIN/$pair" --save-dir "$CKPT_DIR/$pair/$2" --seed "$1" \
+         "${budget_args[@]}") || die "study stock-args failed"
+  eval "cmd=(fairseq-train $line ${device[*]})"
+}
+
+run_command() {  # run_command SYSTEM SEED RUN: how the run is made, as its record's command.txt says
+  local short full decode line flags cmd
   if [[ $1 == "$stock" ]]; then
-    printf 'fairseq-train %s\n' "$(study stock-args "$config" --data-bin "\$DATA_BIN/$pair" \
-      --save-dir "\$CKPT_DIR/$pair/$3" --seed "$2" "${budget_args[@]}")"
+    short="fairseq-train $(study stock-args "$config" --data-bin "\$DATA_BIN/$pair" \
+      --save-dir "\$CKPT_DIR/$pair/$3" --seed "$2" "${budget_args[@]}")" || return 1
+    stock_command "$2" "$3"
+    full=$(printf '%q ' "${cmd[@]}")
   else
-    printf 'scripts/train.sh --seed %s %s %s %s\n' "$2" "$pair" "$1" "$(study train-flags "$config" "$1" "${budget_args[@]}")"
+    short="scripts/train.sh --seed $2 $pair $1 $(study train-flags "$config" "$1" "${budget_args[@]}")" || return 1
+    line=$(study train-flags "$config" "$1" --data-bin "$DATA_BIN/$pair" "${budget_args[@]}") || return 1
+    eval "flags=($line)"
+    full=$(bash "$ROOT/scripts/train.sh" --dry-run --seed "$2" "$pair" "$1" "${flags[@]}") || return 1
   fi
+  decode=$(python -m qknorm_fairseq.recipes generate-args "$pair" --data-bin "$DATA_BIN/$pair") || return 1
+  printf 'study: %s\ntrain: %s\ndecode: %s --metric %s --detok %s\n' "$short" "$full" "$decode" \
+    "$(recipe "$pair" eval.metric)" "$(recipe "$pair" eval.detok)" | portable
 }
 
 file_record() {  # file_record RUN COMMAND: the finished run's record, written whole or not at all
@@ -84,18 +114,16 @@ file_record() {  # file_record RUN COMMAND: the finished run's record, written w
   rm -rf "$tmp"; mkdir -p "$tmp" "$records"
   # the log without this checkout's location, which results must not name
   sed "s#$ROOT/##g" "$LOG_DIR/$pair/$1/train.log" > "$tmp/train.log" \
-    && cp "$RESULTS_DIR/$pair/$1/hyp.txt" "$RESULTS_DIR/$pair/$1/scores.json" "$tmp/" \
+    && cp "$RESULTS_DIR/$pair/$1/hyp.txt" "$tmp/" \
+    && sed "s#$ROOT/##g" "$RESULTS_DIR/$pair/$1/scores.json" > "$tmp/scores.json" \
     && printf '%s\n' "$2" > "$tmp/command.txt" && rm -rf "$rec" && mv "$tmp" "$rec" \
     || die "could not write the record of $1 in $(short "$records")/"
   log "record of $1: $(short "$rec")/ (train.log, hyp.txt, scores.json, command.txt; commit it)"
 }
 
 train_stock() {  # train_stock SEED RUN: plain fairseq-train, resumable, skipped when finished
-  local seed=$1 run=$2 save_dir=$CKPT_DIR/$pair/$2 log_dir=$LOG_DIR/$pair/$2 line sig cmd device=()
-  has_gpu || device=(--cpu)
-  line=$(study stock-args "$config" --data-bin "$DATA_BIN/$pair" --save-dir "$save_dir" --seed "$seed" \
-         "${budget_args[@]}") || die "study stock-args failed"
-  eval "cmd=(fairseq-train $line ${device[*]})"
+  local seed=$1 run=$2 save_dir=$CKPT_DIR/$pair/$2 log_dir=$LOG_DIR/$pair/$2 sig cmd
+  stock_command "$seed" "$run"
   sig=$(printf '%q ' "${cmd[@]}" | sha1sum | cut -d' ' -f1)
   if is_done "$save_dir" "$sig"; then
     log "$pair/$run already trained with this command ($save_dir)"; return 0
@@ -121,6 +149,7 @@ quietly "$LOG_DIR/$pair/data.log" bash "$ROOT/scripts/prepare.sh" --pair "$pair"
   || die "preparing $pair failed; log: $(short "$LOG_DIR/$pair/data.log")"
 log "data: $(short "$DATA_BIN/$pair") ready (log $(short "$LOG_DIR/$pair/data.log"))"
 if [[ $report_only == 0 ]]; then
+  (( dry == 0 )) || log "dry run: nothing is trained"
   log "study $name: systems ($systems), seeds 1..$seeds, $n_updates updates each; $n_runs runs"
   for seed in $(seq 1 "$seeds"); do
     for system in $systems; do
@@ -128,12 +157,32 @@ if [[ $report_only == 0 ]]; then
       run=$system; (( seed > 1 )) && run=${system}_seed$seed
       label="run $i/$n_runs $run"
       command=$(run_command "$system" "$seed" "$run") || die "$label: study flags failed"
-      if [[ -f $records/$run/command.txt && $(cat "$records/$run/command.txt") == "$command" ]]; then
-        log "$label: finished, record $(short "$records/$run")/"; continue
+      change="to train"
+      if [[ -f $records/$run/command.txt ]]; then
+        change=$(printf '%s\n' "$command" | study record-change "$records/$run/command.txt" -) \
+          || die "$label: could not read its record $(short "$records/$run")/command.txt"
       fi
-      [[ -d $records/$run && ! -d $CKPT_DIR/$pair/$run ]] \
-        && die "$label: its record $(short "$records/$run")/ was made by another command (its command.txt) and its checkpoints are not here; move the record away to train $run again"
-      log "$label"
+      if [[ $dry == 1 ]]; then
+        printf '== %s: %s\n%s\n' "$run" "$change" "$command"; continue
+      fi
+      if [[ -f $records/$run/command.txt ]]; then
+        case $change in
+          same) log "$label: finished, record $(short "$records/$run")/"; continue ;;
+          more-updates)
+            [[ -f $CKPT_DIR/$pair/$run/checkpoint_last.pt ]] \
+              || die "$label: its record has fewer updates than $n_updates and its checkpoints are not in $(short "$CKPT_DIR/$pair/$run")/ to continue from; bring them back, or move the record away to train $run from scratch"
+            log "$label: continuing its finished run to $n_updates updates" ;;
+          *) die "$label: its record $(short "$records/$run")/ was made by another command (${change#different: }); move the record away (and $(short "$CKPT_DIR/$pair/$run")/, to start from scratch) to train $run again" ;;
+        esac
+      else
+        log "$label"
+      fi
+      # a run that starts from scratch starts its log afresh: the record's wall time and curve are its own
+      if [[ ! -f $CKPT_DIR/$pair/$run/checkpoint_last.pt && -f $LOG_DIR/$pair/$run/train.log ]]; then
+        old_log=$LOG_DIR/$pair/$run/train.$(date -u +%Y%m%dT%H%M%S).log
+        mv "$LOG_DIR/$pair/$run/train.log" "$old_log"
+        log "$label: no checkpoint to resume; the earlier log is kept as $(short "$old_log")"
+      fi
       if [[ $system == "$stock" ]]; then
         train_stock "$seed" "$run"
       else
@@ -148,9 +197,18 @@ if [[ $report_only == 0 ]]; then
   done
 fi
 
+(( dry == 0 )) || exit 0
 [[ -d $records ]] || die "no finished runs: no records in $(short "$records")/ (run bash scripts/study.sh without --report-only)"
+chosen=()
+for seed in $(seq 1 "$seeds"); do for system in $systems; do
+  run=$system; (( seed > 1 )) && run=${system}_seed$seed
+  [[ -f $records/$run/command.txt ]] \
+    || die "no record of $run in $(short "$records")/: finish it first (bash scripts/study.sh), or report fewer systems or seeds (--systems, --seeds)"
+  chosen+=("$run")
+done; done
 log "test table: $(short "$records/compare.md")"
-python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR/runs" --lang "$(recipe "$pair" tgt)" >/dev/null
+python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR/runs" --lang "$(recipe "$pair" tgt)" \
+  --runs "${chosen[@]}" >/dev/null || die "the test table failed (see above)"
 # shellcheck disable=SC2086
 study report "$config" --log-dir "$RESULTS_DIR/runs" --compare "$records/compare.json" --out "$RESULTS_DIR" \
   --systems $systems --seeds "$seeds" "${budget_args[@]}" --command "$invocation"

@@ -85,6 +85,18 @@ def test_compare_errors(tmp_path):
         compare.build("en-vi", str(res), baseline="nope")
 
 
+def test_runs_restricts_the_table(tmp_path):
+    """--runs: only the named run folders, so a report of seed 1 leaves out seed 2's finished runs."""
+    res = _fixture_results(tmp_path)
+    table = compare.build("en-vi", str(res), n_samples=50, runs=["postnorm", "qknorm"])
+    assert [r["system"] for r in table["rows"]] == ["postnorm", "qknorm"]
+    with pytest.raises(compare.ScoringError, match=r"--runs: no evaluated run nope .*have: postnorm, qknorm, scalenorm"):
+        compare.build("en-vi", str(res), runs=["postnorm", "nope"])
+    assert compare.main(["--pair", "en-vi", "--results-dir", str(res), "--runs", "postnorm", "scalenorm",
+                         "--n-samples", "20"]) == 0
+    assert [r["system"] for r in compare.read(str(res / "en-vi" / "compare.json"))["rows"]] == ["postnorm", "scalenorm"]
+
+
 def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypatch):
     """evaluate writes a reference inside the repository relative to it (results, such as a study's
     committed records, never name this machine's paths), and compare finds it from any directory."""
@@ -109,6 +121,14 @@ def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypa
     rows = {r["system"]: r for r in compare.build("gl-en", str(tmp_path / "results"), n_samples=50)["rows"]}
     for name, lines in hyps.items():
         assert rows[name]["multi_bleu"] == pytest.approx(naive_bleu(lines, refs), abs=0.01)
+    # a run scored before references were named relatively names the same file absolutely
+    old = tmp_path / "results" / "gl-en" / "qknorm" / "scores.json"
+    old.write_text(json.dumps({**json.loads(old.read_text()), "reference": [str(tmp_path / "data" / "test.en")]}))
+    assert len(compare.build("gl-en", str(tmp_path / "results"), n_samples=50)["rows"]) == 2
+    (tmp_path / "data" / "other.en").write_text("".join(r + "\n" for r in refs))
+    old.write_text(json.dumps({**json.loads(old.read_text()), "reference": ["data/other.en"]}))
+    with pytest.raises(compare.ScoringError, match="different references"):
+        compare.build("gl-en", str(tmp_path / "results"), n_samples=50)
 
 
 def test_published_csv_complete():

@@ -62,6 +62,22 @@ def test_log_not_written_by_the_scripts_is_refused(tmp_path):
         study.read_run(str(tmp_path / "none.log"))
 
 
+def test_record_change():
+    """A finished run's record against the command now: same, a raised budget, or what differs."""
+    rec = ("study: scripts/train.sh --seed 1 gl-en qknorm --max-update 2000 --lr 7e-4\n"
+           "train: python -m qknorm_fairseq.train $DATA_BIN/gl-en --max-update 100000 --lr 7e-4 --max-update 2000\n"
+           "decode: --beam 4 --remove-bpe '@@ ' --metric multi_bleu_detok --detok moses\n")
+    assert study.record_change(rec, rec + "\n") == "same"
+    assert study.record_change(rec, rec.replace("2000", "3000")) == "more-updates"
+    assert study.record_change(rec, rec.replace("2000", "1000")) == "different: study: ... --max-update '2000' now '1000'"
+    assert study.record_change(rec, rec.replace("--beam 4", "--beam 5")) == "different: decode: ... --beam '4' now '5'"
+    # a budget raised together with another change is no continuation
+    assert study.record_change(rec, rec.replace("2000", "3000").replace("--lr 7e-4 --max", "--lr 1e-3 --max")) \
+        == "different: train: ... --lr '7e-4' now '1e-3'"
+    assert study.record_change(rec, rec.replace(" --lr 7e-4\n", "\n", 1))== "different: study line has 10 words against 8"
+    assert study.record_change(rec.splitlines()[0][7:], rec) == "different: 1 lines against 3 (a record of an older format)"
+
+
 def test_flags_follow_the_config():
     cfg = study.load(CONFIG)
     n, warmup, every = (cfg["budget"][k] for k in ("max_update", "warmup_updates", "validate_every"))
@@ -223,9 +239,17 @@ def test_study_smoke_run(tmp_path):
     records = out / "runs" / "gl-en"
     assert sorted(p.name for p in records.iterdir() if p.is_dir()) == ["fairseq_transformer", "postnorm", "qknorm"]
     assert {p.name for p in (records / "qknorm").iterdir()} == {"train.log", "hyp.txt", "scores.json", "command.txt"}
-    assert (records / "qknorm" / "command.txt").read_text().startswith("scripts/train.sh --seed 1 gl-en qknorm ")
+    # how each run was made, without this machine's paths: the study's command, the whole training
+    # command (the study's folders by name, no device flag) and the decoding settings
+    study_line, train_line, decode_line = (records / "qknorm" / "command.txt").read_text().splitlines()
+    assert study_line.startswith("study: scripts/train.sh --seed 1 gl-en qknorm ")
+    assert train_line.startswith("train: python -m qknorm_fairseq.train $DATA_BIN/gl-en --user-dir qknorm_fairseq ")
+    assert "--save-dir $CKPT_DIR/gl-en/qknorm " in train_line and "--cpu" not in train_line
+    assert decode_line.startswith("decode: ") and "--beam 4 " in decode_line
     assert (records / "fairseq_transformer" / "command.txt").read_text().startswith(
-        "fairseq-train '$DATA_BIN/gl-en' ")
+        "study: fairseq-train '$DATA_BIN/gl-en' ")
+    assert str(tmp_path) not in "".join((records / r / "command.txt").read_text()
+                                        for r in ("qknorm", "fairseq_transformer"))
     for gone in ("checkpoints", "logs", "data", "data-bin", "results/study-gl-en-u20/gl-en"):
         shutil.rmtree(tmp_path / gone)
     fresh = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -233,13 +257,27 @@ def test_study_smoke_run(tmp_path):
     assert fresh.stderr.count(": finished, record ") == 3 and "training gl-en/" not in fresh.stderr
     assert json.loads((out / "study.json").read_text())["runs"] == res["runs"]
     assert (out / "study.md").read_text().split("## Test BLEU")[1] == text.split("## Test BLEU")[1]
-    # a record made by another command, whose checkpoints are gone, is never overwritten silently
-    (records / "postnorm" / "command.txt").write_text("scripts/train.sh --seed 1 gl-en postnorm --lr 1\n")
+    # a report of seeds not all finished names the missing run
+    seeds2 = subprocess.run(cmd + ["--report-only", "--seeds", "2"], env=env, capture_output=True, text=True)
+    assert seeds2.returncode == 1
+    assert "no record of postnorm_seed2 in results/study-gl-en-u20/runs/gl-en/: finish it first" \
+        in seeds2.stderr.replace(str(tmp_path) + "/", ""), seeds2.stderr[-2000:]
+    # a record made by another command (here its decoding) is never overwritten: the dry run says
+    # so, the study stops, and the record is left as it was
+    rec = records / "postnorm" / "command.txt"
+    rec.write_text(rec.read_text().replace("--beam 4 ", "--beam 5 "))
+    dry = subprocess.run(cmd + ["--dry-run"], env=env, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "== postnorm: different: decode: ... --beam '5' now '4'\nstudy: " in dry.stdout
+    assert "== qknorm: same\n" in dry.stdout and "training gl-en/" not in dry.stderr
+    before = rec.read_text()
     other = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert other.returncode == 1
     assert ("run 1/3 postnorm: its record results/study-gl-en-u20/runs/gl-en/postnorm/ was made by another "
-            "command (its command.txt) and its checkpoints are not here; move the record away to train "
-            "postnorm again") in other.stderr.replace(str(tmp_path) + "/", ""), other.stderr[-2000:]
+            "command (decode: ... --beam '5' now '4'); move the record away (and "
+            "checkpoints/study-gl-en-u20/gl-en/postnorm/, to start from scratch) to train postnorm again") \
+        in other.stderr.replace(str(tmp_path) + "/", ""), other.stderr[-2000:]
+    assert rec.read_text() == before
 
 
 @pytest.mark.system
@@ -257,6 +295,7 @@ def test_raising_the_budget_continues_every_run(tmp_path):
     second = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "already trained" not in second.stderr
+    assert second.stderr.count(": continuing its finished run to 18 updates") == 2, second.stderr[-3000:]
     res = json.loads((tmp_path / "results" / "study-gl-en" / "study.json").read_text())
     for system in ("postnorm", "fairseq_transformer"):
         run = res["runs"][system]["1"]

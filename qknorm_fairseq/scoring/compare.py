@@ -55,7 +55,8 @@ def load_published(path, pair):
     return rows
 
 
-def find_systems(pair_dir):
+def find_systems(pair_dir, only=None):
+    """The evaluated runs in pair_dir (<run>/scores.json + hyp.txt); only: just these, each required."""
     if not os.path.isdir(pair_dir):
         raise ScoringError(f"no results in {pair_dir!r}: run scripts/evaluate.sh first")
     systems = []
@@ -63,21 +64,28 @@ def find_systems(pair_dir):
         d = os.path.join(pair_dir, name)
         if os.path.isfile(os.path.join(d, "scores.json")) and os.path.isfile(os.path.join(d, "hyp.txt")):
             systems.append(name)
+    if only is not None:
+        missing = [r for r in only if r not in systems]
+        if missing:
+            raise ScoringError(f"--runs: no evaluated run {', '.join(missing)} in {pair_dir!r} "
+                               f"(have: {', '.join(systems) or 'none'}); evaluate it first or leave it out")
+        systems = [s for s in systems if s in only]
     if not systems:
         raise ScoringError(f"no evaluated systems (<system>/scores.json + hyp.txt) in {pair_dir!r}")
     return systems
 
 
 def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, metric=None, detok=None,
-          lang="en", n_samples=1000, seed=12345, treebank_detok="treebank"):
+          lang="en", n_samples=1000, seed=12345, treebank_detok="treebank", runs=None):
     pair_dir = os.path.join(results_dir, pair)
-    systems = find_systems(pair_dir)
+    systems = find_systems(pair_dir, runs)
     metas = {s: json.load(open(os.path.join(pair_dir, s, "scores.json"))) for s in systems}
-    refs = {tuple(m["reference"]) for m in metas.values()}
+    # scores.json names the reference relative to the repository when it lies inside it (shareable);
+    # older ones name it absolutely: the same file either way
+    refs = {tuple(os.path.normpath(os.path.join(ROOT, r)) for r in m["reference"]) for m in metas.values()}
     if len(refs) != 1:
         raise ScoringError(f"systems of {pair} were scored against different references: {sorted(refs)}")
-    # scores.json names the reference relative to the repository when it lies inside it (shareable)
-    ref = [r if os.path.isabs(r) else os.path.join(ROOT, r) for r in refs.pop()]
+    ref = list(refs.pop())
     first = metas[systems[0]]
     metric = metric or first["metric"]
     detok = detok or first["detok"]
@@ -259,10 +267,12 @@ def main(argv=None):
     ap.add_argument("--lang", default="en")
     ap.add_argument("--n-samples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--runs", nargs="+", metavar="RUN",
+                    help="only these run folders of the pair (default: every evaluated one)")
     args = ap.parse_args(argv)
     try:
         table = build(args.pair, args.results_dir, args.published, args.baseline, args.metric, args.detok,
-                      args.lang, args.n_samples, args.seed, args.treebank_detok)
+                      args.lang, args.n_samples, args.seed, args.treebank_detok, args.runs)
     except ScoringError as e:
         return fail(e, 2)
     base = write(table, args.results_dir)
