@@ -14,7 +14,7 @@
 #   --report-only    rebuild the report from the records of the chosen systems and seeds (every
 #                    one must be finished); it needs the corpus at source_dir, whose prepared test
 #                    set is the reference the records were scored against
-#   --dry-run        print every run's state (finished, more-updates, different, to train) and
+#   --dry-run        print every run's state (same, more-updates, different: ..., to train) and
 #                    the command.txt its record would hold; train nothing
 #   --verbose        every tool's whole output instead of the progress lines (= VERBOSE=1)
 #   -h, --help       this help. Exit status: 0 ok, 2 a usage error, 1 a failure.
