@@ -91,8 +91,15 @@ stock_command() {  # stock_command SEED RUN: sets cmd, the stock row's whole fai
   eval "cmd=(fairseq-train $line ${device[*]})"
 }
 
+train_args() {  # train_args SEED SYSTEM: sets targs, the scripts/train.sh arguments of one of our runs
+  local line
+  line=$(study train-flags "$config" "$2" --data-bin "$DATA_BIN/$pair" "${budget_args[@]}") \
+    || die "study train-flags failed"
+  eval "targs=(--seed $1 $pair $2 $line)"
+}
+
 run_command() {  # run_command SYSTEM SEED RUN: how the run is made, as its record's command.txt says
-  local short full decode line flags cmd
+  local short full decode cmd targs
   if [[ $1 == "$stock" ]]; then
     short="fairseq-train $(study stock-args "$config" --data-bin "\$DATA_BIN/$pair" \
       --save-dir "\$CKPT_DIR/$pair/$3" --seed "$2" "${budget_args[@]}")" || return 1
@@ -100,9 +107,8 @@ run_command() {  # run_command SYSTEM SEED RUN: how the run is made, as its reco
     full=$(printf '%q ' "${cmd[@]}")
   else
     short="scripts/train.sh --seed $2 $pair $1 $(study train-flags "$config" "$1" "${budget_args[@]}")" || return 1
-    line=$(study train-flags "$config" "$1" --data-bin "$DATA_BIN/$pair" "${budget_args[@]}") || return 1
-    eval "flags=($line)"
-    full=$(bash "$ROOT/scripts/train.sh" --dry-run --seed "$2" "$pair" "$1" "${flags[@]}") || return 1
+    train_args "$2" "$1"
+    full=$(bash "$ROOT/scripts/train.sh" --dry-run "${targs[@]}") || return 1
   fi
   decode=$(python -m qknorm_fairseq.recipes generate-args "$pair" --data-bin "$DATA_BIN/$pair") || return 1
   printf 'study: %s\ntrain: %s\ndecode: %s --metric %s --detok %s\n' "$short" "$full" "$decode" \
@@ -114,8 +120,7 @@ file_record() {  # file_record RUN COMMAND: the finished run's record, written w
   rm -rf "$tmp"; mkdir -p "$tmp" "$records"
   # the log without this checkout's location, which results must not name
   sed "s#$ROOT/##g" "$LOG_DIR/$pair/$1/train.log" > "$tmp/train.log" \
-    && cp "$RESULTS_DIR/$pair/$1/hyp.txt" "$tmp/" \
-    && sed "s#$ROOT/##g" "$RESULTS_DIR/$pair/$1/scores.json" > "$tmp/scores.json" \
+    && cp "$RESULTS_DIR/$pair/$1/hyp.txt" "$RESULTS_DIR/$pair/$1/scores.json" "$tmp/" \
     && printf '%s\n' "$2" > "$tmp/command.txt" && rm -rf "$rec" && mv "$tmp" "$rec" \
     || die "could not write the record of $1 in $(short "$records")/"
   log "record of $1: $(short "$rec")/ (train.log, hyp.txt, scores.json, command.txt; commit it)"
@@ -186,10 +191,8 @@ if [[ $report_only == 0 ]]; then
       if [[ $system == "$stock" ]]; then
         train_stock "$seed" "$run"
       else
-        line=$(study train-flags "$config" "$system" --data-bin "$DATA_BIN/$pair" "${budget_args[@]}") \
-          || die "study train-flags failed"
-        eval "flags=($line)"
-        bash "$ROOT/scripts/train.sh" --seed "$seed" "$pair" "$system" "${flags[@]}" || die "$label: training failed (see above)"
+        train_args "$seed" "$system"
+        bash "$ROOT/scripts/train.sh" "${targs[@]}" || die "$label: training failed (see above)"
       fi
       bash "$ROOT/scripts/evaluate.sh" "$pair" "$run" || die "$label: evaluation failed (see above)"
       file_record "$run" "$command"
