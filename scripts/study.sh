@@ -37,7 +37,7 @@
 # machine's paths: the study's command, the whole training command and the decoding settings.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 config=$ROOT/configs/studies/gl-en.yaml systems="" seeds="" max_update="" report_only=0 dry=0
-invocation="bash scripts/study.sh$(printf ' %q' "$@")"
+invocation="bash scripts/study.sh"; (( $# )) && invocation+=$(printf ' %q' "$@")
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
