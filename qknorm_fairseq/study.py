@@ -219,8 +219,8 @@ def time_rows(runs):
         walls = [r["wall_s"] / 60 for r in by_seed.values()]
         best = [max(p["bleu"] for p in r["curve"]) for r in by_seed.values() if r["curve"]]
         rows.append({"system": system, "updates": [r["updates"] for r in by_seed.values()],
-                     "wall_min": mean_sd(walls), "wall_total_min": sum(walls),
-                     "best_dev_bleu": mean_sd(best) if best else None})
+                     "wall_min": mean_sd(walls), "wall_per_seed": walls, "wall_total_min": sum(walls),
+                     "best_dev_bleu": mean_sd(best) if best else None, "best_per_seed": best})
     return rows
 
 
@@ -284,9 +284,13 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
               "## Training wall time and dev BLEU", "",
               "| system | updates per seed | wall time per run, min | all seeds, min | best dev BLEU |",
               "|---|---|---|---|---|"]
+    def per_seed(values, digits):  # every seed's value after the mean, as the test table has them
+        return " (" + ", ".join(f"{v:.{digits}f}" for v in values) + ")" if len(values) > 1 else ""
+
     for r in times:
-        best = "" if r["best_dev_bleu"] is None else compare.fmt_mean_sd(*r["best_dev_bleu"])
-        wall = compare.fmt_mean_sd(*r["wall_min"], 1)
+        best = "" if r["best_dev_bleu"] is None else (compare.fmt_mean_sd(*r["best_dev_bleu"])
+                                                      + per_seed(r["best_per_seed"], 2))
+        wall = compare.fmt_mean_sd(*r["wall_min"], 1) + per_seed(r["wall_per_seed"], 1)
         lines.append(f"| {r['system']} | {' '.join(map(str, r['updates']))} | {wall} | "
                      f"{r['wall_total_min']:.1f} | {best} |")
     total = sum(r["wall_total_min"] for r in times)

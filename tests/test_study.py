@@ -161,8 +161,8 @@ def test_report_tables_and_curves(tmp_path):
                            "fairseq_transformer"], seeds=2)
     text = open(md).read()
     # wall time per run: postnorm 10 and 15 min (mean 12.5, sd 3.54), stock 20 and 21 min
-    assert "| postnorm | 20 20 | 12.5 ± 3.5 | 25.0 | 2.25 ± 0.35 |" in text
-    assert "| fairseq_transformer | 20 20 | 20.5 ± 0.7 | 41.0 | 1.05 ± 0.07 |" in text
+    assert "| postnorm | 20 20 | 12.5 ± 3.5 (10.0, 15.0) | 25.0 | 2.25 ± 0.35 (2.00, 2.50) |" in text
+    assert "| fairseq_transformer | 20 20 | 20.5 ± 0.7 (20.0, 21.0) | 41.0 | 1.05 ± 0.07 (1.00, 1.10) |" in text
     assert "Total training time: 66.0 min" in text
     rows = {r["system"]: r for r in table["rows"]}
     p = rows["postnorm"]
