@@ -5,7 +5,7 @@ setup(
     version="0.1.0",
     description="Normalization-centric Transformers (PreNorm, ScaleNorm, FixNorm, QKNorm, "
     "Lp-QKNorm, DNAS/HNAS) as a fairseq user-dir plugin for low-resource NMT",
-    packages=find_packages(include=["qknorm_fairseq", "qknorm_fairseq.*"]),
+    packages=find_packages(include=["qknorm_fairseq", "qknorm_fairseq.*", "qknorm_pipeline", "qknorm_pipeline.*"]),
     python_requires=">=3.11",
     # Installed by scripts/install.sh in a deliberate order (see the comments there);
     # listed here for information and for pip check.

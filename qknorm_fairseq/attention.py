@@ -38,7 +38,7 @@ def lp_normalize(x, p, eps=1e-6):
     if p == 2:
         return (xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp(min=eps)).type_as(x)
     # torch.linalg.vector_norm(ord=p) for p != 2 takes a generic kernel many times slower than these
-    # elementwise ops on CPU (`python -m qknorm_fairseq.benchmark kernels`). Even p skips abs().
+    # elementwise ops on CPU (`python -m qknorm_pipeline.benchmark kernels`). Even p skips abs().
     if p == 4:
         powered = xf.square().square()
     elif p % 2 == 0:

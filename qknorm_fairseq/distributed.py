@@ -38,4 +38,4 @@ def check_ddp_backend(args):
     if getattr(args, "cpu", False) and world_size() > 1 and backend not in CPU_DDP_BACKENDS:
         raise ValueError(f"--ddp-backend {backend} cannot train on CPUs (PyTorch's DistributedDataParallel "
                          "refuses fairseq's device_ids for a CPU module): add --ddp-backend legacy_ddp, or "
-                         "launch with python -m qknorm_fairseq.train, which picks it on CPUs")
+                         "launch with python -m qknorm_pipeline.fairseq_train, which picks it on CPUs")

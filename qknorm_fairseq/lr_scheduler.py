@@ -7,9 +7,8 @@ After every validation past warmup, the LR is multiplied by `--decay-factor` (0.
 validation metric is worse than every one of the previous `--decay-patience` (3) values:
 below their minimum when higher is better (`--maximize-best-checkpoint-metric`, e.g. BLEU),
 above their maximum when lower is better (loss). Validations made during warmup enter the
-history but never trigger a decay. The peak is `--lr`, or with `--peak-lr-scale S`,
-TwT's rule S * d^-0.5 * warmup^-0.5 (d = `--peak-lr-dim`). NOWARMUP: `--warmup-updates 0
---lr 3e-4`.
+history but never trigger a decay. The peak is `--lr` (TwT's rule, lambda * d^-0.5 * warmup^-0.5,
+is computed by the recipes: qknorm_pipeline/recipes.py). NOWARMUP: `--warmup-updates 0 --lr 3e-4`.
 
 Stopping: TwT stops once the LR is below a minimum (1e-5). Use `--decay-stop-lr 1e-5`, not
 fairseq's `--stop-min-lr`: fairseq compares `lr <= --stop-min-lr` at start-up and at every end
@@ -29,14 +28,13 @@ import logging
 import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List
 
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
 from .distributed import rank_tag, same_on_all_ranks
-from .recipes import peak_lr
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +54,6 @@ class ValDecayConfig(FairseqDataclass):
     warmup_init_lr: float = field(
         default=-1, metadata={"help": "LR at update 0; default 0 with warmup, the peak without"}
     )
-    peak_lr_scale: Optional[float] = field(
-        default=None,
-        metadata={"help": "derive the peak LR as S * d^-0.5 * warmup^-0.5 (TwT; S=1) instead of taking --lr"},
-    )
-    peak_lr_dim: int = field(default=512, metadata={"help": "d in the --peak-lr-scale rule (model dimension)"})
     decay_factor: float = field(default=0.8, metadata={"help": "multiply the LR by this on a bad validation"})
     decay_patience: int = field(
         default=3, metadata={"help": "decay when the metric is worse than each of the previous N validations"}
@@ -88,14 +81,7 @@ class ValDecaySchedule(FairseqLRScheduler):
             raise ValueError(f"--decay-factor must be in (0, 1], got {cfg.decay_factor}")
         if cfg.decay_patience < 1:
             raise ValueError(f"--decay-patience must be >= 1, got {cfg.decay_patience}")
-        if cfg.peak_lr_scale is not None:
-            if cfg.warmup_updates == 0:
-                raise ValueError("--peak-lr-scale needs --warmup-updates > 0 (peak = S * d^-0.5 * warmup^-0.5); "
-                                 "for NOWARMUP give the LR with --lr")
-            self.peak = peak_lr(cfg.peak_lr_scale, cfg.peak_lr_dim, cfg.warmup_updates)
-            logger.info(f"val_decay: peak LR {self.peak:.6g} from --peak-lr-scale (--lr {lrs[0]} is not used)")
-        else:
-            self.peak = lrs[0]
+        self.peak = lrs[0]
         self.init_lr = cfg.warmup_init_lr if cfg.warmup_init_lr >= 0 else (0.0 if cfg.warmup_updates > 0 else self.peak)
         self.flat_lr = self.peak  # LR after warmup, decayed in place
         self.history = []  # every validation metric seen, in order

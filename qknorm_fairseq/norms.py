@@ -15,7 +15,7 @@ NORM_TYPES = ("layernorm", "scalenorm", "rmsnorm")
 class _ScaleNormFunction(torch.autograd.Function):
     """g * x / max(||x||, eps) with a hand-written backward: autograd's chain through norm, clamp,
     division and product ran 2.5x slower than LayerNorm's fused kernel on CPU
-    (`python -m qknorm_fairseq.benchmark kernels`)."""
+    (`python -m qknorm_pipeline.benchmark kernels`)."""
 
     @staticmethod
     def forward(ctx, x, g, eps):

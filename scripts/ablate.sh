@@ -17,8 +17,8 @@ extra=("$@")
 activate_env
 cd "$ROOT"
 check_pair "$pair"
-rule=$(python -m qknorm_fairseq.recipes get "$pair" "systems.$system.stopping" 2>/dev/null) \
-  || usage_error "no system '$system' in the $pair recipe (have: $(python -m qknorm_fairseq.recipes systems "$pair"))"
+rule=$(python -m qknorm_pipeline.recipes get "$pair" "systems.$system.stopping" 2>/dev/null) \
+  || usage_error "no system '$system' in the $pair recipe (have: $(python -m qknorm_pipeline.recipes systems "$pair"))"
 alt=twt_paper
 [[ $rule == twt_paper ]] && alt=twt
 runs=("$system=none (the recipe: output bias, stopping $rule)" "${system}_nobias=--no-output-bias"
@@ -32,6 +32,6 @@ for r in "$system" "${system}_nobias" "${system}_stop$alt"; do
     RESULTS_DIR=$out/$search bash scripts/evaluate.sh "$pair" "$r" --beam-search "$search" >/dev/null
   done
 done
-python -m qknorm_fairseq.ablation --pair "$pair" --system "$system" --runs "${runs[@]}" \
+python -m qknorm_pipeline.ablation --pair "$pair" --system "$system" --runs "${runs[@]}" \
   --log-dir "$LOG_DIR/$pair" --results "$out" --out "$RESULTS_DIR/$pair/ablation_$system" \
   --settings "Command: bash scripts/ablate.sh $pair $system${extra[*]:+ --$(printf ' %q' "${extra[@]}")}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speed/memory benchmark of every preset against fairseq's `transformer`, and the gl->en study.
-#   bash scripts/benchmark.sh [--reps N] [--dim D] [--layers L] [-- python -m qknorm_fairseq.benchmark speed flags]
+#   bash scripts/benchmark.sh [--reps N] [--dim D] [--layers L] [-- python -m qknorm_pipeline.benchmark speed flags]
 #       Interleaved runs of every preset and of stock fairseq `transformer` with the same
 #       dimensions, data, batch and dropout: training target tokens/s (after warm-up), peak
 #       memory, beam-4 decoding sentences/s; median and spread; ratios to the stock model.
@@ -34,5 +34,5 @@ args=(--out "$RESULTS_DIR/benchmark")
 [[ -n $dim ]] && args+=(--dim "$dim")
 [[ -n $layers ]] && args+=(--layers "$layers")
 if has_gpu; then args+=(--device cuda --dtype bf16); else args+=(--threads "$OMP_NUM_THREADS"); fi
-log "speed benchmark: python -m qknorm_fairseq.benchmark speed ${args[*]} ${extra[*]}"
-exec python -m qknorm_fairseq.benchmark speed "${args[@]}" "${extra[@]}"
+log "speed benchmark: python -m qknorm_pipeline.benchmark speed ${args[*]} ${extra[*]}"
+exec python -m qknorm_pipeline.benchmark speed "${args[@]}" "${extra[@]}"

@@ -3,12 +3,12 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 usage() {
   cat <<'USAGE'
-usage: bash scripts/compare.sh [PAIR|--pair PAIR|all] [flags for python -m qknorm_fairseq.scoring.compare...]
+usage: bash scripts/compare.sh [PAIR|--pair PAIR|all] [flags for python -m qknorm_pipeline.scoring.compare...]
 
   PAIR         a configs/PAIR.yaml with results; all (the default): every pair that has results
   -h, --help   this help; the flags passed on (--baseline NAME, --metric M, --detok D, --n-samples N,
                --seed S, --published CSV, --treebank-detok T, --runs RUN...) are listed by
-               python -m qknorm_fairseq.scoring.compare --help
+               python -m qknorm_pipeline.scoring.compare --help
 
 For each pair: reads $RESULTS_DIR/PAIR/<system>/{hyp.txt,scores.json} (scripts/evaluate.sh),
 scores every system under every metric, tests each against the baseline (postnorm, else
@@ -41,6 +41,6 @@ else
   PAIRS=("$TARGET")
 fi
 for PAIR in "${PAIRS[@]}"; do
-  python -m qknorm_fairseq.scoring.compare --pair "$PAIR" --results-dir "$RESULTS_DIR" \
+  python -m qknorm_pipeline.scoring.compare --pair "$PAIR" --results-dir "$RESULTS_DIR" \
     --lang "$(recipe "$PAIR" tgt)" "$@"
 done

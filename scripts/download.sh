@@ -5,7 +5,7 @@
 # Sources are tried in order until one passes every check (no HTML page, complete archive,
 # published size + sha256 (+ md5) where known, aligned sides, expected line counts where the source reproduces the
 # papers' split); each failure is reported. See data/README.md for the URLs and
-# qknorm_fairseq/data/sources.py for the environment variables that point them at mirrors.
+# qknorm_pipeline/data/sources.py for the environment variables that point them at mirrors.
 # Transfers retry network errors, resume an interrupted file over HTTP Range and show progress.
 # Idempotent: a finished pair (raw/.done) is skipped; archives are cached in
 # $DATA_DIR/downloads/ and reused, and are only ever stored complete and verified.
@@ -32,16 +32,16 @@ if [[ $force == 0 ]] && is_done "$out"; then
 fi
 rm -f "$out/.done"
 if [[ $pair == demo ]]; then
-  eval "$(python -m qknorm_fairseq.corpora config --pair demo)"
+  eval "$(python -m qknorm_pipeline.corpora config --pair demo)"
   mkdir -p "$DATA_DIR/demo"
   tmp=$(mktemp -d "$DATA_DIR/demo/raw.tmp.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
-  python -m qknorm_fairseq.demo_corpus --out "$tmp" --seed 1 \
+  python -m qknorm_pipeline.data.demo --out "$tmp" --seed 1 \
     --train "${expected_train:-4000}" --dev "${expected_dev:-300}" --test "${expected_test:-300}"
   rm -rf "$out"
   mv "$tmp" "$out"
 else
-  python -m qknorm_fairseq.corpora download --pair "$pair" --out "$out" --cache "$DATA_DIR/downloads" \
+  python -m qknorm_pipeline.corpora download --pair "$pair" --out "$out" --cache "$DATA_DIR/downloads" \
     ${source_name:+--source "$source_name"} || die "download of $pair failed (see the messages above)"
 fi
 mark_done "$out"

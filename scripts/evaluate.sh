@@ -22,7 +22,7 @@ eval.detok (configs/PAIR.yaml). Prints one line when decoding starts, the progre
 total), and the score. Writes $RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json}.
 A stored result is reused only when the checkpoint, the test data, the whole decoding command, the
 scorer and the package versions are unchanged (a fingerprint in the folder's .done, see
-qknorm_fairseq/fingerprint.py); anything else decodes again.
+qknorm_pipeline/fingerprint.py); anything else decodes again.
 Exit status: 0 scored, 2 a usage error, 1 a failure.
 USAGE
 }
@@ -50,8 +50,8 @@ BIN=$DATA_BIN/$PAIR
 REF=$DATA_DIR/$PAIR/tok/test.$TGT
 OUT=$RESULTS_DIR/$PAIR/$SYSTEM
 if [[ ! -f $CKPT ]]; then
-  [[ -d $CKPT_DIR/$PAIR/$SYSTEM || " $(python -m qknorm_fairseq.recipes systems "$PAIR") " == *" $SYSTEM "* ]] \
-    || usage_error "unknown system '$SYSTEM': no $(short "$CKPT_DIR/$PAIR/$SYSTEM")/ and not one of the systems of configs/$PAIR.yaml ($(python -m qknorm_fairseq.recipes systems "$PAIR"))"
+  [[ -d $CKPT_DIR/$PAIR/$SYSTEM || " $(python -m qknorm_pipeline.recipes systems "$PAIR") " == *" $SYSTEM "* ]] \
+    || usage_error "unknown system '$SYSTEM': no $(short "$CKPT_DIR/$PAIR/$SYSTEM")/ and not one of the systems of configs/$PAIR.yaml ($(python -m qknorm_pipeline.recipes systems "$PAIR"))"
   die "no checkpoint $(short "$CKPT"): train first (bash scripts/train.sh $PAIR $SYSTEM)"
 fi
 [[ -d $BIN ]] || die "no binarized data $(short "$BIN"): run bash scripts/prepare.sh --pair $PAIR"
@@ -59,16 +59,16 @@ fi
 
 # The decoding recipe (beam 4, max length source + 50, the papers' GNMT length normalisation, and
 # the undoing of the segmentation recorded in $BIN/stats.json), as one shell-quoted line.
-line=$(python -m qknorm_fairseq.recipes generate-args "$PAIR" --data-bin "$BIN") || die "recipes generate-args $PAIR failed"
+line=$(python -m qknorm_pipeline.recipes generate-args "$PAIR" --data-bin "$BIN") || die "recipes generate-args $PAIR failed"
 eval "GEN_ARGS=($line)"
 # --required-batch-size-multiple 1: with fairseq's default of 8, fairseq-generate (fairseq-fixed
 # 0.12.3.1) silently drops the sentences of an incomplete last batch (24 of 30 decoded).
 gen=(fairseq-generate "$BIN" --path "$CKPT" --gen-subset test --max-tokens 8000 --required-batch-size-multiple 1
      "${GEN_ARGS[@]}" "$@")
-score=(python -m qknorm_fairseq.scoring --ref "$REF" --sys "$SYSTEM=$OUT/hyp.txt" --metric "$METRIC"
+score=(python -m qknorm_pipeline.scoring --ref "$REF" --sys "$SYSTEM=$OUT/hyp.txt" --metric "$METRIC"
        --detok "$DETOK" --lang "$TGT")
 data_files=("$BIN"/dict.*.txt "$BIN"/test.*)
-fingerprint=$(python -m qknorm_fairseq.fingerprint --file "$CKPT" --file "$REF" "${data_files[@]/#/--file=}" \
+fingerprint=$(python -m qknorm_pipeline.fingerprint --file "$CKPT" --file "$REF" "${data_files[@]/#/--file=}" \
   -- "${gen[@]}" "${score[@]}")
 score_line() {
   python -c 'import json, sys; d = json.load(open(sys.argv[1])); m = d["metric"]
@@ -88,10 +88,10 @@ tmp=$OUT/generate.out.tmp.$$
 rm -f "$tmp"
 set +e
 if [[ $VERBOSE == 1 ]]; then
-  "${gen[@]}" 2> >(tee "$OUT/generate.log" >&2) | python -m qknorm_fairseq.progress decode --log "$tmp" \
+  "${gen[@]}" 2> >(tee "$OUT/generate.log" >&2) | python -m qknorm_pipeline.progress decode --log "$tmp" \
     --total "$n_ref" --label "$PAIR/$SYSTEM" --tag evaluate
 else
-  "${gen[@]}" 2>"$OUT/generate.log" | python -m qknorm_fairseq.progress decode --log "$tmp" \
+  "${gen[@]}" 2>"$OUT/generate.log" | python -m qknorm_pipeline.progress decode --log "$tmp" \
     --total "$n_ref" --label "$PAIR/$SYSTEM" --tag evaluate
 fi
 status=("${PIPESTATUS[@]}")

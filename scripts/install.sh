@@ -36,7 +36,7 @@ PROJECT_DEPS=("sacrebleu>=2.3,<3" sentencepiece sacremoses nltk pyarrow matplotl
 
 stamp=$VENV/.qknorm-stamp
 want=$(cat "$ROOT/scripts/install.sh" | sha1sum | cut -c1-16)
-src_hash() { (cd "$ROOT" && find qknorm_fairseq setup.py -name '*.py' -o -name '*.txt' | sort | xargs cat) | sha1sum | cut -c1-16; }
+src_hash() { (cd "$ROOT" && find qknorm_fairseq qknorm_pipeline setup.py -name '*.py' -o -name '*.txt' | sort | xargs cat) | sha1sum | cut -c1-16; }
 
 if [[ -f $stamp && $(head -n1 "$stamp") == "$want" && -x $VENV/bin/python ]]; then
   if [[ $(sed -n 2p "$stamp") != "$(src_hash)" ]]; then

@@ -9,7 +9,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=${DATA_DIR:-$ROOT/data}
-export DATA_BIN=${DATA_BIN:-$ROOT/data-bin}  # also read by qknorm_fairseq.recipes
+export DATA_BIN=${DATA_BIN:-$ROOT/data-bin}  # also read by qknorm_pipeline.recipes
 CKPT_DIR=${CKPT_DIR:-$ROOT/checkpoints}
 LOG_DIR=${LOG_DIR:-$ROOT/logs}
 RESULTS_DIR=${RESULTS_DIR:-$ROOT/results}
@@ -38,7 +38,7 @@ positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || usage_error "$1 must be a positive int
 pair_arg() { [[ -z $pair ]] || usage_error "one pair at a time (got '$pair' and '$1')"; pair=$1; }
 need_pair() { [[ -n $pair ]] || usage_error "name a pair: PAIR or --pair PAIR"; }
 # check_pair PAIR: a usage error unless configs/ defines PAIR (the message of recipes.py, which knows them).
-check_pair() { local err; err=$(python -m qknorm_fairseq.recipes get "$1" src 2>&1 >/dev/null) || usage_error "${err#*error: }"; }
+check_pair() { local err; err=$(python -m qknorm_pipeline.recipes get "$1" src 2>&1 >/dev/null) || usage_error "${err#*error: }"; }
 # short PATH: PATH relative to the current folder when inside it (for the lines a user reads).
 short() { local p=$1; [[ $p == "$PWD/"* ]] && p=${p#"$PWD/"}; printf '%s' "$p"; }
 # quietly LOGFILE CMD [ARGS...]: runs CMD with its output appended to LOGFILE (and shown too with
@@ -87,7 +87,7 @@ is_done() { [[ -f $1/.done ]] && { [[ $# -lt 2 ]] || [[ $(head -n1 "$1/.done") =
 
 # run_training LABEL LOG MAX_UPDATE [PROGRESS FLAGS...] -- COMMAND...: a training command's whole
 # output appended to LOG after a "# DATE COMMAND" line (one per start: the wall-time segments of
-# qknorm_fairseq/study.py), shown through the progress display (qknorm_fairseq/progress.py). A
+# qknorm_pipeline/study.py), shown through the progress display (qknorm_pipeline/progress.py). A
 # usage error when fairseq's argument parser refused a flag (exit 2), a failure on any other exit.
 run_training() {
   local label=$1 log_file=$2 max_update=$3 flags=() status msg
@@ -97,7 +97,7 @@ run_training() {
   mkdir -p "$(dirname "$log_file")"
   printf '# %s %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "$@")" >>"$log_file"
   set +e
-  "$@" 2>&1 | python -m qknorm_fairseq.progress train --log "$log_file" --max-update "$max_update" \
+  "$@" 2>&1 | python -m qknorm_pipeline.progress train --log "$log_file" --max-update "$max_update" \
     --label "$label" --tag train "${flags[@]}"
   status=("${PIPESTATUS[@]}")
   set -e
@@ -116,5 +116,5 @@ run_training() {
 # has_gpu: true when torch sees a CUDA device.
 has_gpu() { python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
 
-# recipe PAIR KEY: one value of PAIR's recipe, configs/base.yaml + configs/PAIR.yaml (qknorm_fairseq/recipes.py).
-recipe() { python -m qknorm_fairseq.recipes get "$1" "$2"; }
+# recipe PAIR KEY: one value of PAIR's recipe, configs/base.yaml + configs/PAIR.yaml (qknorm_pipeline/recipes.py).
+recipe() { python -m qknorm_pipeline.recipes get "$1" "$2"; }

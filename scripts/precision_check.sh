@@ -24,7 +24,7 @@ done
 activate_env
 cd "$ROOT"
 has_gpu || die "the precision check needs a CUDA GPU (bf16/fp16 training); torch sees none"
-[[ -n $systems ]] || systems=$(python -m qknorm_fairseq.recipes systems "$pair")
+[[ -n $systems ]] || systems=$(python -m qknorm_pipeline.recipes systems "$pair")
 positive --updates "$updates"; positive --warmup "$warmup"; positive --jobs "$jobs"
 
 run_one() {  # SYSTEM PRECISION
@@ -50,5 +50,5 @@ settings="$pair recipe (configs/$pair.yaml), $updates updates, warmup shortened 
 no validation; $gpu, torch $(python -c 'import torch; print(torch.__version__)'); $jobs runs sharing the GPU. \
 Command: bash scripts/precision_check.sh --pair $pair --updates $updates --warmup $warmup"
 # shellcheck disable=SC2086
-python -m qknorm_fairseq.precision_check --log-dir "$LOG_DIR/$pair" --systems $systems \
+python -m qknorm_pipeline.precision_check --log-dir "$LOG_DIR/$pair" --systems $systems \
   --settings "$settings" --out "$RESULTS_DIR/gpu/precision"

@@ -39,7 +39,7 @@ done
 need_pair
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 
-eval "$(python -m qknorm_fairseq.corpora config --pair "$pair")"
+eval "$(python -m qknorm_pipeline.corpora config --pair "$pair")"
 if [[ $known == 0 ]]; then
   [[ -n $src_dir ]] || die "unknown pair '$pair' (no configs/$pair.yaml): for your own corpus pass --src-dir DIR"
   [[ $pair =~ ^([A-Za-z_]+)-([A-Za-z_]+)$ ]] || die "--pair must look like xx-yy (source-target language codes), got '$pair'"
@@ -78,7 +78,7 @@ if stage_ok "$tok" "$key_tok"; then
 else
   log "tokenizing $in_dir ($raw_flag, train length filter $max_len tokens)"
   rm -rf "$bpe_dir" "$out"  # downstream stages depend on this one
-  python -m qknorm_fairseq.corpora tokenize --in-dir "$in_dir" --out-dir "$tok" --src "$src" --tgt "$tgt" \
+  python -m qknorm_pipeline.corpora tokenize --in-dir "$in_dir" --out-dir "$tok" --src "$src" --tgt "$tgt" \
     "$raw_flag" --max-len "$max_len" || die "tokenization failed (see above)"
   mark_done "$tok" "$key_tok"
 fi
@@ -107,7 +107,7 @@ else
     rm -f "$tmp/applybpe.log"
   else
     log "training a joint SentencePiece BPE model (vocabulary $bpe_merges)"
-    python -m qknorm_fairseq.corpora spm --tok-dir "$tok" --bpe-dir "$tmp" --src "$src" --tgt "$tgt" \
+    python -m qknorm_pipeline.corpora spm --tok-dir "$tok" --bpe-dir "$tmp" --src "$src" --tgt "$tgt" \
       --vocab-size "$bpe_merges" || die "SentencePiece failed (see above)"
   fi
   mark_done "$tmp" "$key_bpe"
@@ -130,7 +130,7 @@ fairseq-preprocess --source-lang "$src" --target-lang "$tgt" \
   --destdir "$tmp" --joined-dictionary --workers "$workers" >"$tmp/preprocess.out" 2>&1 \
   || { tail -n 20 "$tmp/preprocess.out" >&2; die "fairseq-preprocess failed"; }
 if [[ $bpe == fastbpe ]]; then cp "$bpe_dir/codes" "$bpe_dir/vocab" "$tmp/"; else cp "$bpe_dir/spm.model" "$bpe_dir/spm.vocab" "$tmp/"; fi
-python -m qknorm_fairseq.corpora stats --data-bin "$tmp" --tok-dir "$tok" --bpe-dir "$bpe_dir" \
+python -m qknorm_pipeline.corpora stats --data-bin "$tmp" --tok-dir "$tok" --bpe-dir "$bpe_dir" \
   --src "$src" --tgt "$tgt" --pair "$pair" --bpe "$bpe" --bpe-size "$bpe_merges" || die "stats failed (see above)"
 mark_done "$tmp" "$key_bpe"
 rm -rf "$out"

@@ -74,14 +74,14 @@ done
 t=$SECONDS
 : >"$logs/plots.log"
 plots=(dev_bleu grad_norm scales)
-quietly "$logs/plots.log" python -m qknorm_fairseq.plots dev-bleu --pair "$pair" --log-dir "$LOG_DIR" --out "$results/dev_bleu.png" \
-  && quietly "$logs/plots.log" python -m qknorm_fairseq.plots grad-norm --pair "$pair" --log-dir "$LOG_DIR" --out "$results/grad_norm.png" \
-  && quietly "$logs/plots.log" python -m qknorm_fairseq.plots scales --pair "$pair" --ckpt-dir "$CKPT_DIR" --out "$results/scales.png" \
+quietly "$logs/plots.log" python -m qknorm_pipeline.plots dev-bleu --pair "$pair" --log-dir "$LOG_DIR" --out "$results/dev_bleu.png" \
+  && quietly "$logs/plots.log" python -m qknorm_pipeline.plots grad-norm --pair "$pair" --log-dir "$LOG_DIR" --out "$results/grad_norm.png" \
+  && quietly "$logs/plots.log" python -m qknorm_pipeline.plots scales --pair "$pair" --ckpt-dir "$CKPT_DIR" --out "$results/scales.png" \
   || die "a plot failed; log: $(short "$logs/plots.log")"
 if [[ " $systems " == *" qknorm "* ]]; then
   for base in postnorm prenorm fixnorm scalenorm; do
     [[ " $systems " == *" $base "* ]] || continue
-    quietly "$logs/plots.log" python -m qknorm_fairseq.plots attention --ckpt "$base=$CKPT_DIR/$pair/$base/checkpoint_best.pt" \
+    quietly "$logs/plots.log" python -m qknorm_pipeline.plots attention --ckpt "$base=$CKPT_DIR/$pair/$base/checkpoint_best.pt" \
       --ckpt "qknorm=$CKPT_DIR/$pair/qknorm/checkpoint_best.pt" --data-bin "$DATA_BIN/$pair" \
       --index 0 --layer 0 --out "$results/attention.png" || die "the attention plot failed; log: $(short "$logs/plots.log")"
     plots+=(attention)

@@ -27,7 +27,7 @@
 #      (below). A run whose record was made by the same command is skipped; one whose record
 #      differs only by a smaller --max-update continues from its checkpoints; any other
 #      difference stops the study (move the record away to redo the run).
-#   3. the report: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png (python -m qknorm_fairseq.study)
+#   3. the report: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png (python -m qknorm_pipeline.study)
 #      and the test table $RESULTS_DIR/NAME/runs/PAIR/compare.{md,csv,json}, read from the records
 # Runs: checkpoints $CKPT_DIR/NAME/PAIR/RUN, log $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs
 # $RESULTS_DIR/NAME/PAIR/RUN (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K). The record of a
@@ -57,7 +57,7 @@ done
 [[ -n ${VIRTUAL_ENV:-} ]] || activate_env
 cd "$ROOT"
 
-study() { python -m qknorm_fairseq.study "$@"; }
+study() { python -m qknorm_pipeline.study "$@"; }
 name=$(study get "$config" name) pair=$(study get "$config" pair)
 stock=$(study get "$config" stock.name)
 all="$(study get "$config" systems) $stock"
@@ -110,7 +110,7 @@ run_command() {  # run_command SYSTEM SEED RUN: how the run is made, as its reco
     train_args "$2" "$1"
     full=$(bash "$ROOT/scripts/train.sh" --dry-run "${targs[@]}") || return 1
   fi
-  decode=$(python -m qknorm_fairseq.recipes generate-args "$pair" --data-bin "$DATA_BIN/$pair") || return 1
+  decode=$(python -m qknorm_pipeline.recipes generate-args "$pair" --data-bin "$DATA_BIN/$pair") || return 1
   printf 'study: %s\ntrain: %s\ndecode: %s --metric %s --detok %s\n' "$short" "$full" "$decode" \
     "$(recipe "$pair" eval.metric)" "$(recipe "$pair" eval.detok)" | portable
 }
@@ -210,7 +210,7 @@ for seed in $(seq 1 "$seeds"); do for system in $systems; do
   chosen+=("$run")
 done; done
 log "test table: $(short "$records/compare.md")"
-python -m qknorm_fairseq.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR/runs" --lang "$(recipe "$pair" tgt)" \
+python -m qknorm_pipeline.scoring.compare --pair "$pair" --results-dir "$RESULTS_DIR/runs" --lang "$(recipe "$pair" tgt)" \
   --runs "${chosen[@]}" >/dev/null || die "the test table failed (see above)"
 # shellcheck disable=SC2086
 study report "$config" --log-dir "$RESULTS_DIR/runs" --compare "$records/compare.json" --out "$RESULTS_DIR" \

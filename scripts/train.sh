@@ -9,7 +9,7 @@ usage: bash scripts/train.sh [options] PAIR SYSTEM [extra fairseq-train flags...
   PAIR     a configs/PAIR.yaml (gl-en sk-en en-vi en-he ar-en demo), or a pair prepared with
            scripts/prepare.sh --src-dir (the base recipe, sized from its training set)
   SYSTEM   one of the config's systems (each a preset of qknorm_fairseq/architectures.py):
-           $(python -m qknorm_fairseq.recipes systems demo 2>/dev/null || echo "see configs/base.yaml systems:")
+           $(python -m qknorm_pipeline.recipes systems demo 2>/dev/null || echo "see configs/base.yaml systems:")
 Options (before PAIR):
   --precision fp32|fp16|bf16   on a GPU (default fp32); a CPU run is always fp32
   --schedule NAME              LR schedule from the config's schedules: (valdecay, nowarmup,
@@ -97,7 +97,7 @@ log_dir=$LOG_DIR/$pair/$name
 sched_args=()
 [[ -n $schedule ]] && sched_args=(--schedule "$schedule")
 err=$(mktemp)
-if ! recipe_line=$(python -m qknorm_fairseq.recipes train-args "$pair" "$system" "${sched_args[@]}" \
+if ! recipe_line=$(python -m qknorm_pipeline.recipes train-args "$pair" "$system" "${sched_args[@]}" \
     "${stop_rule[@]}" "${paper_len[@]}" --data-bin "$DATA_BIN/$pair" --save-dir "$save_dir" 2>"$err"); then
   msg=$(grep -v tensorboardX "$err" | tail -n 1); rm -f "$err"
   usage_error "${msg#*error: }"
@@ -111,7 +111,7 @@ if [[ -n $gpus ]]; then
   # N processes on this machine through torchrun; fairseq reads RANK/WORLD_SIZE/LOCAL_RANK from
   # its environment. --max-tokens is per process in fairseq, so the recipe's update size (the
   # papers': 4,096 tokens) is split over the N processes.
-  total=$(python -m qknorm_fairseq.recipes get "$pair" train.max_tokens)
+  total=$(python -m qknorm_pipeline.recipes get "$pair" train.max_tokens)
   world=$((gpus * nodes))
   if [[ -n $per_gpu ]]; then
     tokens=$per_gpu
@@ -150,11 +150,11 @@ if [[ -n $gpus && $dry == 0 ]]; then
   have=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
   (( have >= gpus )) || die "--gpus $gpus: torch sees $have CUDA device(s) on this machine"
 fi
-# python -m qknorm_fairseq.train is fairseq-train with --bf16 usable on a GPU (see its docstring)
+# python -m qknorm_pipeline.fairseq_train is fairseq-train with --bf16 usable on a GPU (see its docstring)
 if [[ -n $gpus ]]; then
-  cmd=("${launcher[@]}" -m qknorm_fairseq.train "${args[@]}" "${seed_args[@]}" "${dist[@]}" "${device[@]}" "${extra[@]}")
+  cmd=("${launcher[@]}" -m qknorm_pipeline.fairseq_train "${args[@]}" "${seed_args[@]}" "${dist[@]}" "${device[@]}" "${extra[@]}")
 else
-  cmd=(python -m qknorm_fairseq.train "${args[@]}" "${seed_args[@]}" "${device[@]}" "${extra[@]}")
+  cmd=(python -m qknorm_pipeline.fairseq_train "${args[@]}" "${seed_args[@]}" "${device[@]}" "${extra[@]}")
 fi
 if [[ $dry == 1 ]]; then
   printf '%q ' "${cmd[@]}"; echo

@@ -2,7 +2,7 @@
 scripts/evaluate.sh writes them under RESULTS_DIR=RESULTS/SEARCH."""
 import json
 
-from qknorm_fairseq import ablation
+from qknorm_pipeline import ablation
 
 
 def _run(tmp_path, run, valid, bleu):

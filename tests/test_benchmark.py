@@ -1,4 +1,4 @@
-"""Smoke runs of qknorm_fairseq.benchmark (speed, kernels): structure of the outputs, never timings."""
+"""Smoke runs of qknorm_pipeline.benchmark (speed, kernels): structure of the outputs, never timings."""
 import json
 import os
 import re
@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from qknorm_fairseq.architectures import PRESETS
-from qknorm_fairseq.benchmark import speed
-from qknorm_fairseq.benchmark.__main__ import main
-from qknorm_fairseq.paths import ROOT
+from qknorm_pipeline.benchmark import speed
+from qknorm_pipeline.benchmark.__main__ import main
+from qknorm_pipeline.paths import ROOT
 
 TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--vocab", "30", "--batch", "2", "--src-len", "5",
         "--tgt-len", "4", "--warmup-steps", "1", "--train-steps", "1", "--reps", "1"]
@@ -62,8 +62,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
 
 
 def test_command_line_exits_0_with_its_table(tmp_path):
-    # `python -m qknorm_fairseq.benchmark` as scripts/benchmark.sh runs it: the table on stdout, status 0
-    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.benchmark", "kernels", "--dim", "8", "--heads", "2",
+    # `python -m qknorm_pipeline.benchmark` as scripts/benchmark.sh runs it: the table on stdout, status 0
+    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.benchmark", "kernels", "--dim", "8", "--heads", "2",
                         "--tokens", "4", "--p", "2", "--iters", "1", "--reps", "1", "--out", str(tmp_path / "k")],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -93,7 +93,7 @@ def test_step_flops_and_mfu(tmp_path):
 
 
 def test_results_name_no_machine_paths(tmp_path, monkeypatch):
-    from qknorm_fairseq.paths import shareable
+    from qknorm_pipeline.paths import shareable
 
     assert shareable(f"{ROOT}/results/x") == "results/x" and shareable("/elsewhere/x") == "/elsewhere/x"
     out = os.path.join(ROOT, "results", f"bench-test-{os.getpid()}")

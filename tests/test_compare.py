@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, naive_bleu, pipeline_env
-from qknorm_fairseq.scoring import compare
+from qknorm_pipeline.scoring import compare
 
 
 def _fixture_results(tmp_path):
@@ -100,8 +100,8 @@ def test_runs_restricts_the_table(tmp_path):
 def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypatch):
     """evaluate writes a reference inside the repository relative to it (results, such as a study's
     committed records, never name this machine's paths), and compare finds it from any directory."""
-    from qknorm_fairseq import paths
-    from qknorm_fairseq.scoring import evaluate
+    from qknorm_pipeline import paths
+    from qknorm_pipeline.scoring import evaluate
 
     monkeypatch.setattr(paths, "ROOT", str(tmp_path))
     monkeypatch.setattr(compare, "ROOT", str(tmp_path))

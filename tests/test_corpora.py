@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from qknorm_fairseq import corpora, demo_corpus, files
-from qknorm_fairseq.data import common, download, fetch, readers, sources, tokenize
-from qknorm_fairseq.data.common import DataError
+from qknorm_pipeline import corpora, files
+from qknorm_pipeline.data import demo as demo_corpus
+from qknorm_pipeline.data import common, download, fetch, readers, sources, tokenize
+from qknorm_pipeline.data.common import DataError
 
 # every character str.splitlines() breaks at besides "\n" and "\r"
 ODD = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]

@@ -28,7 +28,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(data_bin, save_dir, n, *extra, entry=("-m", "qknorm_fairseq.train"), timeout=150):
+def launch(data_bin, save_dir, n, *extra, entry=("-m", "qknorm_pipeline.fairseq_train"), timeout=150):
     """Run n ranks of fairseq-train (one process each, as torchrun or Slurm would); their outputs."""
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     dist = []
@@ -67,7 +67,7 @@ def test_two_ranks_agree_decay_stop_and_resume_in_one_process(tiny_data, tmp_pat
     save = tmp_path / "ckpt"
     (rc0, out0), (rc1, out1) = launch(tiny_data / "bin", save, 2)
     assert rc0 == 0 and rc1 == 0, out0[-3000:] + out1[-3000:]
-    assert "legacy_ddp" in out0  # chosen for CPUs by python -m qknorm_fairseq.train
+    assert "legacy_ddp" in out0  # chosen for CPUs by python -m qknorm_pipeline.fairseq_train
     d0, d1 = decisions(out0), decisions(out1)
     # the same decision at every validation on both ranks, at least one decay, and the stop
     assert d0 == d1 and len(d0) >= 3, (d0, d1)
@@ -150,7 +150,7 @@ def test_train_sh_gpus_dry_run(gpus, tokens):
                           "--precision", "bf16", "gl-en", "qknorm"], capture_output=True, text=True, check=True,
                          env=dict(os.environ, QKNORM_USE_ENV="1"))
     cmd = out.stdout.split()
-    assert cmd[:6] == ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "qknorm_fairseq.train"]
+    assert cmd[:6] == ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "qknorm_pipeline.fairseq_train"]
     # the last --max-tokens wins in argparse: the recipe's 4096 tokens per update, split over the GPUs
     assert cmd[len(cmd) - 1 - cmd[::-1].index("--max-tokens") + 1] == str(tokens)
     assert cmd[cmd.index("--distributed-world-size") + 1] == str(gpus)

@@ -1,4 +1,4 @@
-"""Every download path of qknorm_fairseq.data / scripts/download.sh, offline, against fixtures
+"""Every download path of qknorm_pipeline.data / scripts/download.sh, offline, against fixtures
 that mimic the real layouts (TED .tar.gz with all_talks_*.tsv, the qi18naacl archive with gl->en's
 real line counts, Hugging Face parquet conversions with their trailing empty pair, Stanford's
 IWSLT'15 text files), served from file:// and from an HTTP server on 127.0.0.1; including the
@@ -20,11 +20,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from qknorm_fairseq import recipes
-from qknorm_fairseq.data import fetch, sources
-from qknorm_fairseq.data.common import SPLITS, DataError
-from qknorm_fairseq.data.download import download
-from qknorm_fairseq.data.sources import HF_SPLITS
+from qknorm_pipeline import recipes
+from qknorm_pipeline.data import fetch, sources
+from qknorm_pipeline.data.common import SPLITS, DataError
+from qknorm_pipeline.data.download import download
+from qknorm_pipeline.data.sources import HF_SPLITS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HTML = b"<!DOCTYPE html>\n<html><head><title>Domain parked</title></head><body>gone</body></html>\n"

@@ -1,9 +1,9 @@
-"""qknorm_fairseq/files.py: lines cut at "\\n" only, writes that appear complete or not at all."""
+"""qknorm_pipeline/files.py: lines cut at "\\n" only, writes that appear complete or not at all."""
 import os
 
 import pytest
 
-from qknorm_fairseq import files
+from qknorm_pipeline import files
 
 
 def test_lines_round_trip_with_odd_characters(tmp_path):

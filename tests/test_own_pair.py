@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, SHARED_DATA as SHARED, pipeline_env
-from qknorm_fairseq import demo_corpus
+from qknorm_pipeline.data import demo as demo_corpus
 
 # fairseq flags after PAIR SYSTEM win over the recipe: a tiny model and a few updates
 TINY = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",

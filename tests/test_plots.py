@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import pipeline_env
-from qknorm_fairseq import plots
+from qknorm_pipeline import plots
 
 
 def _png(path):
@@ -58,7 +58,7 @@ def test_attention_heatmap(tiny_pipeline, tmp_path):
                                         os.path.join(tiny_pipeline, "data-bin", "demo"), index=3)
     assert w.shape == (2, len(tokens), len(tokens)) and tokens[-1] == "</s>"
     assert abs(w.sum(-1) - 1).max() < 1e-5  # per-head rows are distributions, not head averages
-    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.plots", "attention", "--ckpt",
+    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.plots", "attention", "--ckpt",
                         f"postnorm={os.path.join(ck, 'postnorm', 'checkpoint_best.pt')}", "--ckpt",
                         f"prenorm={os.path.join(ck, 'prenorm', 'checkpoint_best.pt')}", "--data-bin",
                         os.path.join(tiny_pipeline, "data-bin", "demo"), "--index", "2", "--heads", "0", "1",

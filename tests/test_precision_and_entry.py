@@ -6,8 +6,8 @@ import json
 import pytest
 
 from conftest import fairseq
-from qknorm_fairseq import precision_check
-from qknorm_fairseq.train import fix_args
+from qknorm_pipeline import precision_check
+from qknorm_pipeline.fairseq_train import fix_args
 
 
 def _log(path, losses):

@@ -90,7 +90,7 @@ def test_demo_end_to_end_and_resume(tmp_path):
 
 
 def test_own_raw_corpus_with_sentencepiece(tmp_path):
-    from qknorm_fairseq import demo_corpus
+    from qknorm_pipeline.data import demo as demo_corpus
 
     src_dir = tmp_path / "mine"
     data = demo_corpus.generate(4, (("train", 400), ("dev", 40), ("test", 40)))

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO, env
-from qknorm_fairseq import recipes
+from qknorm_pipeline import recipes
 
 # the papers' pairs and the demo must be there; a user's own pair (a new configs/*.yaml) may be too
 PAPER_PAIRS = ["ar-en", "demo", "en-he", "en-vi", "gl-en", "sk-en"]
@@ -138,7 +138,7 @@ def test_generate_args_parse_with_fairseq():
 
 def _cli(*argv):
     # as scripts/train.sh runs it (`python -m` skips fairseq's import: qknorm_fairseq/__init__.py)
-    return subprocess.run([sys.executable, "-m", "qknorm_fairseq.recipes", *argv],
+    return subprocess.run([sys.executable, "-m", "qknorm_pipeline.recipes", *argv],
                           capture_output=True, text=True, cwd=REPO, env=env())
 
 
@@ -160,7 +160,7 @@ def test_train_sh_dry_run_passes_extra_flags_and_picks_the_device(tmp_path):
     p = _train_sh("--dry-run", "gl-en", "qknorm", "--max-update", "7", CKPT_DIR=str(tmp_path / "ck"))
     assert p.returncode == 0, p.stderr
     args = shlex.split(p.stdout)
-    assert args[:3] == ["python", "-m", "qknorm_fairseq.train"] and args[-2:] == ["--max-update", "7"]  # extra last: they win
+    assert args[:3] == ["python", "-m", "qknorm_pipeline.fairseq_train"] and args[-2:] == ["--max-update", "7"]  # extra last: they win
     assert flag(args, "--save-dir") == str(tmp_path / "ck" / "gl-en" / "qknorm")
     import torch
 
@@ -206,7 +206,7 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
 def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, monkeypatch, capsys):
     """tests/data/recipes_golden.json: the CLI outputs captured from the six full configs before
     they became base.yaml + per-pair differences; every system, schedule, stopping rule and key."""
-    from qknorm_fairseq import corpora
+    from qknorm_pipeline import corpora
 
     monkeypatch.setenv("DATA_BIN", str(tmp_path))  # no prepared data: the recipes alone
     golden = json.loads(open(os.path.join(REPO, "tests", "data", "recipes_golden.json")).read())

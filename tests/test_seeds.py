@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, naive_bleu, pipeline_env
-from qknorm_fairseq.scoring import compare
+from qknorm_pipeline.scoring import compare
 
 
 def _runs(tmp_path, names):

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from qknorm_fairseq.scoring import bleu
+from qknorm_pipeline.scoring import bleu
 import itertools
 
 from conftest import bleu_from_stats, sentence_stats
-from qknorm_fairseq.scoring.significance import (approximate_randomization, paired_bootstrap,
+from qknorm_pipeline.scoring.significance import (approximate_randomization, paired_bootstrap,
                                                   replicate_bootstrap)
 
 

@@ -1,4 +1,4 @@
-"""The gl->en study (qknorm_fairseq/study.py, scripts/study.sh): wall time and dev-BLEU curves
+"""The gl->en study (qknorm_pipeline/study.py, scripts/study.sh): wall time and dev-BLEU curves
 from fairseq logs across resumptions, the training flags, the report, and a smoke run (slow)."""
 import json
 import os
@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from conftest import REPO, pipeline_env
-from qknorm_fairseq import recipes, study
-from qknorm_fairseq.scoring import compare
+from qknorm_pipeline import recipes, study
+from qknorm_pipeline.scoring import compare
 
 CONFIG = os.path.join(REPO, "configs", "studies", "gl-en.yaml")
 
@@ -25,18 +25,18 @@ def _line(stamp, kind, record):
 # was written), resumed at 13:00 from update 20, finished at 13:02:20; a third start crashed before
 # fairseq wrote anything. fairseq's own "wall" restarts in the second segment.
 RESUMED = (
-    "# 2026-01-01T12:00:00Z python -m qknorm_fairseq.train data-bin --user-dir x\n"
+    "# 2026-01-01T12:00:00Z python -m qknorm_pipeline.fairseq_train data-bin --user-dir x\n"
     "2026-01-01 12:00:05 | INFO | fairseq_cli.train | task: TranslationQKTask\n"
     + _line("12:01:05", "train_inner", {"num_updates": 10, "loss": 9.0, "wall": 60})
     + _line("12:02:05", "valid", {"valid_loss": 8.0, "valid_bleu": 1.5, "valid_num_updates": 20, "wall": 120})
     + _line("12:03:05", "valid", {"valid_loss": 7.0, "valid_bleu": 2.0, "valid_num_updates": 40, "wall": 180})
     + "2026-01-01 12:03:10 | INFO | fairseq.checkpoint_utils | Preparing to save checkpoint for update 40\n"
-    "# 2026-01-01T13:00:00Z python -m qknorm_fairseq.train data-bin --user-dir x\n"
+    "# 2026-01-01T13:00:00Z python -m qknorm_pipeline.fairseq_train data-bin --user-dir x\n"
     "2026-01-01 13:00:10 | INFO | fairseq.trainer | Loaded checkpoint checkpoint_last.pt (epoch 1 @ 20 updates)\n"
     + _line("13:01:10", "valid", {"valid_loss": 6.5, "valid_bleu": 2.5, "valid_num_updates": 40, "wall": 0})
     + _line("13:02:10", "valid", {"valid_loss": 6.0, "valid_bleu": 3.0, "valid_num_updates": 60, "wall": 0})
     + "2026-01-01 13:02:20 | INFO | fairseq_cli.train | done training in 130.0 seconds\n"
-    "# 2026-01-01T14:00:00Z python -m qknorm_fairseq.train data-bin --user-dir x\n"
+    "# 2026-01-01T14:00:00Z python -m qknorm_pipeline.fairseq_train data-bin --user-dir x\n"
 )
 
 
@@ -50,7 +50,7 @@ def test_wall_time_is_summed_over_resumptions(tmp_path):
     assert run["curve"] == [{"updates": 20, "wall_s": 120, "bleu": 1.5},
                             {"updates": 40, "wall_s": 245, "bleu": 2.5},
                             {"updates": 60, "wall_s": 305, "bleu": 3.0}]
-    assert run["commands"][0] == "python -m qknorm_fairseq.train data-bin --user-dir x"
+    assert run["commands"][0] == "python -m qknorm_pipeline.fairseq_train data-bin --user-dir x"
 
 
 def test_log_not_written_by_the_scripts_is_refused(tmp_path):
@@ -65,7 +65,7 @@ def test_log_not_written_by_the_scripts_is_refused(tmp_path):
 def test_record_change():
     """A finished run's record against the command now: same, a raised budget, or what differs."""
     rec = ("study: scripts/train.sh --seed 1 gl-en qknorm --max-update 2000 --lr 7e-4\n"
-           "train: python -m qknorm_fairseq.train $DATA_BIN/gl-en --max-update 100000 --lr 7e-4 --max-update 2000\n"
+           "train: python -m qknorm_pipeline.fairseq_train $DATA_BIN/gl-en --max-update 100000 --lr 7e-4 --max-update 2000\n"
            "decode: --beam 4 --remove-bpe '@@ ' --metric multi_bleu_detok --detok moses\n")
     assert study.record_change(rec, rec + "\n") == "same"
     assert study.record_change(rec, rec.replace("2000", "3000")) == "more-updates"
@@ -243,7 +243,7 @@ def test_study_smoke_run(tmp_path):
     # command (the study's folders by name, no device flag) and the decoding settings
     study_line, train_line, decode_line = (records / "qknorm" / "command.txt").read_text().splitlines()
     assert study_line.startswith("study: scripts/train.sh --seed 1 gl-en qknorm ")
-    assert train_line.startswith("train: python -m qknorm_fairseq.train $DATA_BIN/gl-en --user-dir qknorm_fairseq ")
+    assert train_line.startswith("train: python -m qknorm_pipeline.fairseq_train $DATA_BIN/gl-en --user-dir qknorm_fairseq ")
     assert "--save-dir $CKPT_DIR/gl-en/qknorm " in train_line and "--cpu" not in train_line
     assert decode_line.startswith("decode: ") and "--beam 4 " in decode_line
     assert (records / "fairseq_transformer" / "command.txt").read_text().startswith(

@@ -17,7 +17,7 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.sh")) + glob.glob(os
 # python -m entry points, with their sub-commands
 MODULES = {"recipes": ["get", "train-args", "generate-args", "systems", "schedules"],
            "scoring": [], "scoring.compare": [], "plots": ["dev-bleu", "grad-norm", "scales", "attention"],
-           "corpora": ["download", "tokenize", "spm", "stats", "config"], "demo_corpus": [],
+           "corpora": ["download", "tokenize", "spm", "stats", "config"], "data.demo": [],
            "benchmark": ["speed", "kernels"], "precision_check": [], "progress": ["train", "decode"],
            "fingerprint": [], "study": ["get", "train-flags", "stock-args", "report"], "ablation": []}
 
@@ -37,7 +37,7 @@ def sh(script, *argv, **extra):
 
 
 def py(module, *argv, **extra):
-    return subprocess.run([sys.executable, "-m", f"qknorm_fairseq.{module}", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", f"qknorm_pipeline.{module}", *argv], capture_output=True, text=True,
                           env=env(**extra), cwd=REPO)
 
 
@@ -69,7 +69,7 @@ def test_every_script_answers_help_with_every_option(path):
 def test_every_module_answers_help_with_every_option(module):
     path = "scoring/evaluate" if module == "scoring" else module.replace(".", "/")  # scoring/__main__.py runs evaluate
     # a package (benchmark/): every module in it
-    files = glob.glob(os.path.join(REPO, "qknorm_fairseq", path, "*.py")) or [os.path.join(REPO, "qknorm_fairseq",
+    files = glob.glob(os.path.join(REPO, "qknorm_pipeline", path, "*.py")) or [os.path.join(REPO, "qknorm_pipeline",
                                                                                          path + ".py")]
     source = "".join(open(f).read() for f in files)
     texts = []
@@ -84,7 +84,7 @@ def test_every_module_answers_help_with_every_option(module):
 
 
 def test_training_entry_point_answers_help():
-    p = py("train", "--help")
+    p = py("fairseq_train", "--help")
     assert p.returncode == 0 and "--arch" in p.stdout, p.stderr[-2000:]
 
 
@@ -165,7 +165,7 @@ def test_training_progress_plain_lines_without_a_terminal(tmp_path):
     log = tmp_path / "train.log"
     log.write_text("# the command\n")
     text = "\n".join(FAKE_TRAIN) + "\n"
-    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(log), "--max-update",
+    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(log), "--max-update",
                         "40", "--label", "demo/qknorm"], input=text, capture_output=True, text=True, env=env())
     assert p.returncode == 0 and p.stdout == "", p.stderr
     assert log.read_text() == "# the command\n" + text  # the whole fairseq output is kept, appended
@@ -185,7 +185,7 @@ def test_python_warnings_counted_in_one_line_for_a_program_we_do_not_control(tmp
                 "sys:1: UserWarning: ",
                 "/venv/fairseq/tasks/fairseq_task.py:531: FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated"]
     text = "\n".join(FAKE_TRAIN[:1] + warnings + FAKE_TRAIN[1:]) + "\n"
-    cmd = [sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "t.log"),
+    cmd = [sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(tmp_path / "t.log"),
            "--max-update", "40", "--label", "gl-en/stock"]
     shown = subprocess.run(cmd, input=text, capture_output=True, text=True, env=env())
     assert shown.returncode == 0 and shown.stderr.count("Warning: ") == 3, shown.stderr
@@ -209,7 +209,7 @@ def test_periodic_lines_do_not_repeat_a_validation_line(tmp_path):
         records.append("2026-01-01 00:00:00 | INFO | fairseq.trainer | begin training epoch 2")  # no line
         if u % 20 == 0:
             records.append(_record("valid", valid_loss=1.0, valid_bleu=u, valid_best_bleu=u, valid_num_updates=u))
-    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "t.log"),
+    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(tmp_path / "t.log"),
                         "--every", "0", "--max-update", "60"], input="\n".join(records) + "\n", capture_output=True,
                        text=True, env=env())
     shown = re.findall(r"train (\d+)/60 updates", p.stderr)
@@ -220,7 +220,7 @@ def test_periodic_lines_do_not_repeat_a_validation_line(tmp_path):
 
 def test_training_progress_bar_on_a_terminal_and_verbose_echo(tmp_path):
     text = "\n".join(FAKE_TRAIN) + "\n"
-    cmd = [sys.executable, "-m", "qknorm_fairseq.progress", "train", "--log", str(tmp_path / "a.log"),
+    cmd = [sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(tmp_path / "a.log"),
            "--max-update", "40", "--label", "x"]
     bar = subprocess.run(cmd, input=text.encode(), capture_output=True, env=env(QKNORM_PROGRESS="bar"))
     drawn = bar.stderr.decode()
@@ -233,7 +233,7 @@ def test_training_progress_bar_on_a_terminal_and_verbose_echo(tmp_path):
 def test_decoding_progress_counts_sentences(tmp_path):
     out = tmp_path / "generate.out"
     text = "".join(f"S-{i}\tsrc\nT-{i}\tref\nH-{i}\t-0.1\thyp\n" for i in range(5)) + "Generate test with beam=4\n"
-    p = subprocess.run([sys.executable, "-m", "qknorm_fairseq.progress", "decode", "--log", str(out), "--total",
+    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.progress", "decode", "--log", str(out), "--total",
                         "5", "--label", "demo/qknorm", "--tag", "evaluate", "--every", "0"], input=text,
                        capture_output=True, text=True, env=env())
     assert p.returncode == 0 and out.read_text() == text
@@ -245,7 +245,7 @@ def test_decoding_progress_counts_sentences(tmp_path):
 # ---- results are reused only when nothing changed ----
 
 def test_fingerprint_covers_files_and_every_flag(tmp_path):
-    from qknorm_fairseq.fingerprint import fingerprint
+    from qknorm_pipeline.fingerprint import fingerprint
 
     ckpt = tmp_path / "checkpoint_best.pt"
     ckpt.write_bytes(b"weights")

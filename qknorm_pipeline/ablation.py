@@ -1,6 +1,6 @@
 """The effect of the original code's procedure, one item at a time (scripts/ablate.sh writes the runs).
 
-    python -m qknorm_fairseq.ablation --pair PAIR --system SYSTEM --runs RUN=WHAT ... \
+    python -m qknorm_pipeline.ablation --pair PAIR --system SYSTEM --runs RUN=WHAT ... \
         --log-dir LOG_DIR/PAIR --results RESULTS_DIR/PAIR/ablation/SYSTEM --out PREFIX
 
 For every run: the update it stopped at, its best dev BLEU (fairseq's validation), and test BLEU of
@@ -34,7 +34,7 @@ def run_row(log_path, results, pair, run):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.ablation", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.ablation", description=__doc__)
     ap.add_argument("--pair", required=True)
     ap.add_argument("--system", required=True)
     ap.add_argument("--runs", nargs="+", required=True, metavar="RUN=WHAT", help="run name = what it changes")

@@ -1,7 +1,7 @@
 """One comparison table per pair: every evaluated system, every metric, the delta to the
 baseline with its paired-bootstrap p-value, and the papers' published numbers beside ours.
 
-    python -m qknorm_fairseq.scoring.compare --pair PAIR --results-dir DIR [--baseline NAME]
+    python -m qknorm_pipeline.scoring.compare --pair PAIR --results-dir DIR [--baseline NAME]
         [--metric M] [--detok D] [--lang L] [--published results/published.csv]
 
 Reads DIR/PAIR/<system>/{hyp.txt,scores.json} (written by scripts/evaluate.sh) and writes
@@ -254,7 +254,7 @@ def read(path):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.scoring.compare", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.scoring.compare", description=__doc__)
     ap.add_argument("--pair", required=True)
     ap.add_argument("--results-dir", required=True)
     ap.add_argument("--published", default=DEFAULT_PUBLISHED)

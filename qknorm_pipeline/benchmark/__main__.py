@@ -1,7 +1,7 @@
 """Speed benchmarks of the presets and of their kernels (see each tool's --help).
 
-    python -m qknorm_fairseq.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
-    python -m qknorm_fairseq.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
+    python -m qknorm_pipeline.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
+    python -m qknorm_pipeline.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
 """
 from ..cli import Parser
 from . import kernels, speed
@@ -12,7 +12,7 @@ POSITIVE = ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_step
 
 
 def main(argv=None):
-    p = Parser(prog="python -m qknorm_fairseq.benchmark", description=__doc__)
+    p = Parser(prog="python -m qknorm_pipeline.benchmark", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, tool in TOOLS.items():
         tool.add_arguments(sub.add_parser(name, help=tool.HELP, description=tool.__doc__))

@@ -1,6 +1,6 @@
 """The identity of a result: what must be unchanged for a stored result to be reused.
 
-    python -m qknorm_fairseq.fingerprint [--file PATH ...] -- COMMAND [ARGS...]
+    python -m qknorm_pipeline.fingerprint [--file PATH ...] -- COMMAND [ARGS...]
 
 Prints one SHA-256 over: the content of every --file (the checkpoint, the reference, the test
 data), the whole COMMAND line (every decoding flag: beam, length normalisation, search, precision,
@@ -15,12 +15,14 @@ import sys
 from importlib import metadata
 
 from .cli import Parser, run
+from .paths import ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
-# modules of this package that a decoding or a score depends on (files.py: how the scorer reads lines)
-CODE = ("model.py", "attention.py", "norms.py", "fixnorm.py", "smallinit.py", "architectures.py", "task.py",
-        "twt_search.py", "checkpoint_compat.py", "files.py", "scoring/bleu.py", "scoring/evaluate.py")
+# the modules a decoding or a score depends on: the plugin's model and search, and how the scorer
+# reads lines and scores them
+CODE = tuple(f"qknorm_fairseq/{m}.py" for m in ("model", "attention", "norms", "fixnorm", "smallinit", "architectures",
+                                                 "task", "twt_search", "checkpoint_compat")) + tuple(
+    f"qknorm_pipeline/{m}.py" for m in ("files", "scoring/bleu", "scoring/evaluate"))
 
 
 def file_digest(path):
@@ -44,7 +46,7 @@ def versions():
 def parts(files, command):
     """Everything the fingerprint covers, as a JSON-ready dict."""
     return {"files": [file_digest(p) for p in files], "command": list(command), "versions": versions(),
-            "code": {m: file_digest(os.path.join(HERE, m)) for m in CODE}}
+            "code": {m: file_digest(os.path.join(ROOT, m)) for m in CODE}}
 
 
 def fingerprint(files, command):
@@ -60,7 +62,7 @@ def fingerprint(files, command):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.fingerprint", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.fingerprint", description=__doc__)
     ap.add_argument("--file", action="append", default=[], metavar="PATH",
                     help="a file whose content is part of the identity (repeatable)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the command line")

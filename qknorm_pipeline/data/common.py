@@ -1,5 +1,5 @@
 """Errors, log lines, split names and atomic folders shared by the data tools (reading and writing
-lines: qknorm_fairseq/files.py)."""
+lines: qknorm_pipeline/files.py)."""
 import contextlib
 import os
 import shutil

@@ -1,7 +1,7 @@
 """Each norm and l_p normalisation against its reference implementation, timed interleaved in one
 process on the CPU (process CPU time, one thread by default).
 
-    python -m qknorm_fairseq.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
+    python -m qknorm_pipeline.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
 
 Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
 torch.linalg.vector_norm on (tokens, heads, dim / heads). Prints (and with --out writes OUT.md)
@@ -20,8 +20,8 @@ HELP = "norm and l_p-normalisation kernels against their references (CPU)"
 def run(opts):
     from fairseq.modules import LayerNorm
 
-    from ..attention import lp_normalize
-    from ..norms import RMSNorm, ScaleNorm
+    from qknorm_fairseq.attention import lp_normalize
+    from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
     d, hd = opts.dim, opts.dim // opts.heads
 

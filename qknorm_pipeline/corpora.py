@@ -1,15 +1,15 @@
-"""Command line of the corpus tools (qknorm_fairseq/data/), called by scripts/download.sh and
+"""Command line of the corpus tools (qknorm_pipeline/data/), called by scripts/download.sh and
 scripts/prepare.sh:
-    python -m qknorm_fairseq.corpora download --pair PAIR --out DIR --cache DIR [--source NAME]
-    python -m qknorm_fairseq.corpora tokenize --in-dir D --out-dir O --src S --tgt T
+    python -m qknorm_pipeline.corpora download --pair PAIR --out DIR --cache DIR [--source NAME]
+    python -m qknorm_pipeline.corpora tokenize --in-dir D --out-dir O --src S --tgt T
                                               (--tokenized | --raw) [--max-len 250]
-    python -m qknorm_fairseq.corpora spm --bpe-dir B --tok-dir T --src S --tgt T --vocab-size N
-    python -m qknorm_fairseq.corpora stats --data-bin D --tok-dir T --bpe-dir B --src S --tgt T ...
-    python -m qknorm_fairseq.corpora config --pair PAIR
+    python -m qknorm_pipeline.corpora spm --bpe-dir B --tok-dir T --src S --tgt T --vocab-size N
+    python -m qknorm_pipeline.corpora stats --data-bin D --tok-dir T --bpe-dir B --src S --tgt T ...
+    python -m qknorm_pipeline.corpora config --pair PAIR
 
 Every file is written under a temporary name and renamed only once it is complete and verified,
 so a later stage never mistakes a half-written file for a finished one. Where the data comes
-from, and the environment variables that move it: qknorm_fairseq/data/sources.py.
+from, and the environment variables that move it: qknorm_pipeline/data/sources.py.
 """
 import shlex
 import sys
@@ -40,7 +40,7 @@ def shell_config(pair):
 
 
 def main(argv=None):
-    p = Parser(prog="python -m qknorm_fairseq.corpora", description=__doc__)
+    p = Parser(prog="python -m qknorm_pipeline.corpora", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("download", help="fetch, verify and extract a pair's train/dev/test")
     d.add_argument("--pair", required=True)

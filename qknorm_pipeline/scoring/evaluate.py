@@ -1,6 +1,6 @@
 """Score several systems against one reference with every metric, plus significance.
 
-    python -m qknorm_fairseq.scoring --ref REF --sys NAME=HYP [--sys NAME2=HYP2 ...]
+    python -m qknorm_pipeline.scoring --ref REF --sys NAME=HYP [--sys NAME2=HYP2 ...]
         [--baseline NAME] [--detok none|moses|treebank] [--lang LANG]
         [--metric multi_bleu|multi_bleu_detok|sacrebleu] [--test bootstrap|ar]
         [--n-samples N] [--seed S] [--json] [--output FILE]
@@ -98,7 +98,7 @@ def format_table(result):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.scoring", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.scoring", description=__doc__)
     ap.add_argument("--ref", action="append", required=True,
                     help="reference file (repeat for multiple references)")
     ap.add_argument("--sys", action="append", required=True, metavar="NAME=HYP",

@@ -1,6 +1,6 @@
-"""Corpus tools behind scripts/download.sh and scripts/prepare.sh (command line: qknorm_fairseq.corpora).
+"""Corpus tools behind scripts/download.sh and scripts/prepare.sh (command line: qknorm_pipeline.corpora).
 
-    common    errors, log lines, the split names, atomic folders (lines: qknorm_fairseq/files.py)
+    common    errors, log lines, the split names, atomic folders (lines: qknorm_pipeline/files.py)
     sources   where each pair's data lives and the published size / checksums of its files
     fetch     download with retries, resume, progress and verification
     readers   TED tsv / parquet / archive readers (the TED reader's rules)

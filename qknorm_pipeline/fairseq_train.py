@@ -1,6 +1,6 @@
 """`fairseq-train` with two fixes for the hardware people actually have.
 
-    python -m qknorm_fairseq.train [fairseq-train arguments]      (what scripts/train.sh runs)
+    python -m qknorm_pipeline.fairseq_train [fairseq-train arguments]      (what scripts/train.sh runs)
 
 1. bf16 on a GPU. fairseq 0.12 ties `--bf16` to TPUs: `options.parse_args_and_arch` sets
    `args.tpu = True` whenever `--bf16` is given, so a bf16 run on a CUDA GPU goes down the
@@ -19,9 +19,7 @@ import os
 import sys
 import warnings
 
-from . import quiet_loggers
-
-logger = logging.getLogger("qknorm_fairseq.train")
+logger = logging.getLogger("qknorm_pipeline.fairseq_train")
 
 # (category, start of the message) of warnings raised inside fairseq, hydra and torch on every start
 NOISE = (
@@ -38,7 +36,7 @@ NOISE = (
 def silence_noise():
     for category, message in NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)
-    quiet_loggers()
+    logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)  # "Please install tensorboardX"
 
 
 def _given(flag, argv):
@@ -53,7 +51,7 @@ def fix_args(ns, argv):
             ns.tpu = False
     world = max(getattr(ns, "distributed_world_size", 1) or 1, int(os.environ.get("WORLD_SIZE", 1)))
     if getattr(ns, "cpu", False) and world > 1 and not _given("--ddp-backend", argv):
-        from .distributed import CPU_DDP_BACKENDS
+        from qknorm_fairseq.distributed import CPU_DDP_BACKENDS
 
         if ns.ddp_backend not in CPU_DDP_BACKENDS:
             logger.info(f"--cpu: --ddp-backend {CPU_DDP_BACKENDS[0]} (fairseq's {ns.ddp_backend} needs GPUs)")
@@ -75,9 +73,8 @@ def main(argv=None):
     from fairseq_cli import train  # first: it sets up fairseq's log format before fairseq is imported
     from fairseq import options
 
-    from . import register
+    import qknorm_fairseq  # noqa: F401  (registered now; --user-dir then finds it imported)
 
-    register()  # `python -m` skipped it (see __init__.py); --user-dir then finds it registered
     options.parse_args_and_arch = wrap_parser(options.parse_args_and_arch, sys.argv[1:] if argv is None else argv)
     train.cli_main()
 

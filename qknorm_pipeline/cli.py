@@ -1,4 +1,4 @@
-"""The command-line grammar shared by every `python -m qknorm_fairseq.<tool>` (and scripts/*.sh):
+"""The command-line grammar shared by every `python -m qknorm_pipeline.<tool>` (and scripts/*.sh):
 `--help` lists every option; exit 0 ok, 2 usage error, 1 failure; an error is one line that names
 the fix, never a traceback for a user's mistake. Imports no fairseq."""
 import argparse

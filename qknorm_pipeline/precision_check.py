@@ -1,6 +1,6 @@
 """Mixed precision against fp32: the training-loss curves of short runs, side by side.
 
-    python -m qknorm_fairseq.precision_check --log-dir logs/gl-en --systems postnorm qknorm \
+    python -m qknorm_pipeline.precision_check --log-dir logs/gl-en --systems postnorm qknorm \
         [--precisions bf16 fp16] [--tolerance 0.05] --out results/gpu/precision
 
 Reads the fairseq JSON logs that `scripts/precision_check.sh` writes (LOG_DIR/PAIR/SYSTEM_PRECISION/
@@ -36,7 +36,7 @@ def compare(ref, other, tolerance):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.precision_check", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.precision_check", description=__doc__)
     ap.add_argument("--log-dir", required=True, help="LOG_DIR/PAIR holding SYSTEM_PRECISION/train.log")
     ap.add_argument("--systems", nargs="+", required=True)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16"])

@@ -1,8 +1,8 @@
 """Live progress of a training or decoding run, read from the output fairseq already writes.
 
-    python -m qknorm_fairseq.train ... 2>&1 | python -m qknorm_fairseq.progress train --log FILE
+    python -m qknorm_pipeline.fairseq_train ... 2>&1 | python -m qknorm_pipeline.progress train --log FILE
         [--max-update N] [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
-    fairseq-generate ... 2>>LOG | python -m qknorm_fairseq.progress decode --log FILE --total N
+    fairseq-generate ... 2>>LOG | python -m qknorm_pipeline.progress decode --log FILE --total N
         [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
 
 Every input line is appended to --log unchanged, so the whole fairseq log stays on disk. Training
@@ -220,7 +220,7 @@ def decode(args):
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.progress", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.progress", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     verbose = os.environ.get("VERBOSE", "0") not in ("", "0")
     for name, text in (("train", "training progress from fairseq's JSON log records"),

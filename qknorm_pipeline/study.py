@@ -1,14 +1,14 @@
 """The real-data study (configs/studies/*.yaml, run by scripts/study.sh): training flags,
 wall time and dev-BLEU curves of every run, and the report.
 
-    python -m qknorm_fairseq.study get CONFIG KEY                  # one value (dotted key)
-    python -m qknorm_fairseq.study train-flags CONFIG SYSTEM [--max-update N]
+    python -m qknorm_pipeline.study get CONFIG KEY                  # one value (dotted key)
+    python -m qknorm_pipeline.study train-flags CONFIG SYSTEM [--max-update N]
         # fairseq flags appended to `scripts/train.sh PAIR SYSTEM` for one of our systems
-    python -m qknorm_fairseq.study stock-args CONFIG --data-bin DIR --save-dir DIR --seed K [--max-update N]
+    python -m qknorm_pipeline.study stock-args CONFIG --data-bin DIR --save-dir DIR --seed K [--max-update N]
         # the whole plain fairseq-train command line of the stock reference row
-    python -m qknorm_fairseq.study record-change RECORD_COMMAND_TXT NOW_FILE|-
+    python -m qknorm_pipeline.study record-change RECORD_COMMAND_TXT NOW_FILE|-
         # same / more-updates / different: ... (a finished run's record against the command now)
-    python -m qknorm_fairseq.study report CONFIG --log-dir DIR --compare JSON --out DIR
+    python -m qknorm_pipeline.study report CONFIG --log-dir DIR --compare JSON --out DIR
         [--max-update N] [--command TEXT]
 
 Wall time of a run: scripts/train.sh (and study.sh for the stock row) append fairseq's console
@@ -280,7 +280,7 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
         spread = "mean over seeds ± sample standard deviation; p from the replicate bootstrap"
     else:
         spread = "one run per system, no spread; p from the paired bootstrap (test sentences only, not seed variance)"
-    lines += ["", f"Baseline {table['baseline']}; {spread} (qknorm_fairseq/scoring/compare.py).", "",
+    lines += ["", f"Baseline {table['baseline']}; {spread} (qknorm_pipeline/scoring/compare.py).", "",
               "## Training wall time and dev BLEU", "",
               "| system | updates per seed | wall time per run, min | all seeds, min | best dev BLEU |",
               "|---|---|---|---|---|"]
@@ -308,7 +308,7 @@ def report(cfg, log_dir, compare_json, out_dir, max_update=None, command=None, s
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.study", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.study", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     p = sub.add_parser("get")
     p.add_argument("config")

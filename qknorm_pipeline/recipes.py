@@ -4,12 +4,12 @@ A prepared pair with no file of its own (bash scripts/prepare.sh --pair xx-yy --
 the base recipe with model size and epoch length from its training-set size (size_from_data).
 
 Command line (used by the bash pipelines):
-    python -m qknorm_fairseq.recipes get PAIR KEY      # KEY is dotted, e.g. data.bpe_merges
-    python -m qknorm_fairseq.recipes train-args PAIR SYSTEM [--schedule S] [--stopping F]
+    python -m qknorm_pipeline.recipes get PAIR KEY      # KEY is dotted, e.g. data.bpe_merges
+    python -m qknorm_pipeline.recipes train-args PAIR SYSTEM [--schedule S] [--stopping F]
         [--paper-qknorm-length] [--data-bin DIR] [--save-dir DIR]  # fairseq-train arguments, one quoted line
-    python -m qknorm_fairseq.recipes generate-args PAIR [--data-bin DIR]  # fairseq-generate decoding arguments
-    python -m qknorm_fairseq.recipes systems PAIR        # the systems a config defines
-    python -m qknorm_fairseq.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)
+    python -m qknorm_pipeline.recipes generate-args PAIR [--data-bin DIR]  # fairseq-generate decoding arguments
+    python -m qknorm_pipeline.recipes systems PAIR        # the systems a config defines
+    python -m qknorm_pipeline.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)
 PAIR's prepared data is looked up in --data-bin, else $DATA_BIN/PAIR (default data-bin/PAIR).
 """
 import json
@@ -84,7 +84,7 @@ def load(pair, data_bin=None, announce=False):
         layers += [{"src": stats["src"], "tgt": stats["tgt"]}, sized]
         if announce:
             print(f"[recipes] {pair}: no recipe of its own, so the base recipe sized for {n_train} training "
-                  f"pairs: {_describe(sized)} (size_from_data in qknorm_fairseq/recipes.py). To change it, write "
+                  f"pairs: {_describe(sized)} (size_from_data in qknorm_pipeline/recipes.py). To change it, write "
                   f"{path} with 'size_from_data: true' and the keys to override, or pass fairseq flags "
                   "after PAIR SYSTEM to train.sh", file=sys.stderr)
     layers.append({k: v for k, v in (own or {}).items() if k != "size_from_data"})
@@ -118,7 +118,7 @@ def get(cfg, key):
     return node
 
 
-USER_DIR = os.path.dirname(os.path.abspath(__file__))
+USER_DIR = os.path.join(ROOT, "qknorm_fairseq")  # the plugin, passed to fairseq as --user-dir
 SCHEDULERS = ("val_decay", "inverse_sqrt")
 
 
@@ -136,7 +136,7 @@ def _need(section, key, where):
 
 def peak_lr(scale, dim, warmup):
     """TwT's peak LR: scale * d^-0.5 * warmup^-0.5 (Eq. 7 at n = warmup; 4.94e-4 for scale 1,
-    d = 512, warmup 8000). Also the val_decay scheduler's --peak-lr-scale rule (lr_scheduler.py)."""
+    d = 512, warmup 8000)."""
     return scale * dim**-0.5 * warmup**-0.5
 
 
@@ -253,7 +253,7 @@ def generate_args(cfg, data_bin=None):
 
 
 def main(argv=None):
-    parser = Parser(prog="python -m qknorm_fairseq.recipes", description=__doc__)
+    parser = Parser(prog="python -m qknorm_pipeline.recipes", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_get = sub.add_parser("get", help="print one value of PAIR's recipe")
     p_get.add_argument("pair")

@@ -1,9 +1,11 @@
 """prepare.sh's last stage: data-bin/PAIR/stats.json, what every later stage reads about the data
 (the segmentation and how to undo it, sizes, QKNorm's L, the target vocabulary)."""
 import json
+import math
 import os
 
-from .. import data_stats
+import numpy as np
+
 from ..files import write_atomic
 from .common import DataError
 
@@ -30,16 +32,21 @@ def _tokens(path):
         return sum(len(line.split()) for line in f)
 
 
+def _lengths(path):
+    """Each line's length as fairseq-preprocess stores it: its tokens plus EOS."""
+    with open(path, encoding="utf-8") as f:
+        return [len(line.split()) + 1 for line in f]
+
+
 def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, percentile=97.5):
     with open(os.path.join(tok_dir, "counts.json")) as f:
         tok_counts = json.load(f)
     lines, tokens = {}, {}
     for split in ("train", "valid", "test"):
-        binarized = {lang: len(data_stats.read_sizes(data_stats.split_prefix(data_bin, split, src, tgt, lang)))
-                     for lang in (src, tgt)}
+        segmented = {lang: _count_lines(os.path.join(bpe_dir, f"{split}.{lang}")) for lang in (src, tgt)}
         tok_lines = _count_lines(os.path.join(tok_dir, f"{split}.{src}"))
-        if set(binarized.values()) != {tok_lines}:
-            raise DataError(f"{data_bin}: binarized {split} has {binarized} lines, tokenized text "
+        if set(segmented.values()) != {tok_lines}:
+            raise DataError(f"{bpe_dir}: segmented {split} has {segmented} lines, tokenized text "
                             f"{tok_lines}: rerun scripts/prepare.sh with --force")
         lines[split] = {"input": tok_counts["lines"][split]["input"], "kept": tok_lines}
         tokens[split] = {lang: {"words": _tokens(os.path.join(tok_dir, f"{split}.{lang}")),
@@ -51,7 +58,9 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
             tgt_types.update(line.split())
     with open(os.path.join(data_bin, f"dict.{src}.txt"), encoding="utf-8") as f:
         dict_size = sum(1 for _ in f)
-    length = data_stats.length_percentile(data_bin, src, tgt, percentile, "train")
+    # QKNorm's L, as the plugin computes it from the binarized data (qknorm_fairseq/data_stats.py)
+    lengths = _lengths(os.path.join(bpe_dir, f"train.{src}")) + _lengths(os.path.join(bpe_dir, f"train.{tgt}"))
+    length = float(np.percentile(lengths, percentile))
     stats = {
         "pair": pair, "src": src, "tgt": tgt, "bpe": bpe, "bpe_size": bpe_size,
         "remove_bpe": REMOVE_BPE[bpe],
@@ -59,7 +68,7 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
         "lines": lines, "tokens": tokens,
         # counted in BPE tokens + EOS, over source and target sides of the binarized train split
         f"length_p{percentile:g}": length,
-        "qknorm_g0": data_stats.g0_from_length(length) if length > 1 else None,
+        "qknorm_g0": math.log2(length * length - length) if length > 1 else None,  # QKNorm Sec. 3
         "dict_size": dict_size,  # fairseq's dictionary: 4 specials + types (+ padding to a multiple of 8)
         "target_vocab_size": len(tgt_types),
         "target_vocab": sorted(tgt_types),  # types seen on the target side of train (logit masking)

@@ -1,6 +1,6 @@
 """BLEU scoring and significance for qknorm-fairseq (not a fairseq plugin: registers nothing).
 
-    python -m qknorm_fairseq.scoring --ref REF --sys NAME=HYP [--sys ...] [--baseline NAME] [--json]
+    python -m qknorm_pipeline.scoring --ref REF --sys NAME=HYP [--sys ...] [--baseline NAME] [--json]
 """
 from .bleu import (BleuResult, ScoringError, detokenize, mteval_13a_tokenize, multi_bleu,  # noqa: F401
                    multi_bleu_detok, read_lines, sacrebleu_score)

@@ -13,15 +13,15 @@ The sentences are generated at run time, deterministically from the seed, and tr
 test share no sentence.
 
 Command line (used by scripts/download.sh):
-    python -m qknorm_fairseq.demo_corpus --out DIR [--seed 1] [--train 4000 --dev 300 --test 300]
+    python -m qknorm_pipeline.data.demo --out DIR [--seed 1] [--train 4000 --dev 300 --test 300]
 writes DIR/{train,dev,test}.{src,tgt}.
 """
 import os
 import random
 import sys
 
-from .cli import Parser
-from .files import write_lines
+from ..cli import Parser
+from ..files import write_lines
 
 # source noun -> (target stem, gender); plural source forms are regular (+s) except these
 NOUNS = {
@@ -125,7 +125,7 @@ def write(out_dir, seed=1, train=4000, dev=300, test=300):
 
 
 def main(argv=None):
-    p = Parser(prog="python -m qknorm_fairseq.demo_corpus", description=__doc__)
+    p = Parser(prog="python -m qknorm_pipeline.data.demo", description=__doc__)
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--train", type=int, default=4000)

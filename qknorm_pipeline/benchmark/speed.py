@@ -1,6 +1,6 @@
 """Speed and memory of every preset against fairseq's `transformer`, on a synthetic corpus.
 
-    python -m qknorm_fairseq.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
+    python -m qknorm_pipeline.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
 
 Builds every model in one process (same synthetic corpus, dictionary, batch, dimensions and
 dropout) and measures them interleaved, the order rotating each repetition:
@@ -313,9 +313,7 @@ def speed_markdown(res):
 
 
 def run(opts):
-    import qknorm_fairseq
-    qknorm_fairseq.register()
-    from ..architectures import PRESETS
+    from qknorm_fairseq.architectures import PRESETS
 
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device; use --device cpu")
@@ -368,7 +366,7 @@ def run(opts):
     settings = {k: getattr(opts, k) for k in ("dim", "layers", "heads", "dropout", "batch", "src_len", "tgt_len",
                                               "warmup_steps", "train_steps", "decode_batches", "beam", "reps")}
     settings.update(ffn=opts.ffn or 4 * opts.dim, vocab=vocab)
-    res = {"command": "python -m qknorm_fairseq.benchmark " + " ".join(shareable(a) for a in sys.argv[1:]),
+    res = {"command": "python -m qknorm_pipeline.benchmark " + " ".join(shareable(a) for a in sys.argv[1:]),
            "date": datetime.now().astimezone().isoformat(timespec="seconds"), "machine": info, "settings": settings,
            "memory_method": ("torch.cuda.max_memory_allocated over the timed training steps"
                              if opts.device.startswith("cuda") else

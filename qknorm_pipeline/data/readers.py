@@ -1,7 +1,7 @@
 """Readers of the TED and IWSLT layouts, with the rules of the original TED reader
 (neulab/word-embeddings-for-nmt, ted_reader.py): a pair is kept when neither side is empty and
 neither contains "NULL" (the marker of a missing translation, written __NULL__ or _ _ NULL _ _).
-Lines are cut at "\\n" only (qknorm_fairseq/files.py split_lines)."""
+Lines are cut at "\\n" only (qknorm_pipeline/files.py split_lines)."""
 import gzip
 import io
 import os

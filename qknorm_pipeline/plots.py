@@ -1,9 +1,9 @@
 """Plots of training logs and checkpoints (PNG, matplotlib Agg).
 
-    python -m qknorm_fairseq.plots dev-bleu  --log NAME=train.log [...] --out dev_bleu.png
-    python -m qknorm_fairseq.plots grad-norm --log NAME=train.log [...] --out grad_norm.png
-    python -m qknorm_fairseq.plots scales    --ckpt NAME=checkpoint_best.pt [...] --out scales.png
-    python -m qknorm_fairseq.plots attention --ckpt NAME=checkpoint_best.pt [...] --data-bin DIR
+    python -m qknorm_pipeline.plots dev-bleu  --log NAME=train.log [...] --out dev_bleu.png
+    python -m qknorm_pipeline.plots grad-norm --log NAME=train.log [...] --out grad_norm.png
+    python -m qknorm_pipeline.plots scales    --ckpt NAME=checkpoint_best.pt [...] --out scales.png
+    python -m qknorm_pipeline.plots attention --ckpt NAME=checkpoint_best.pt [...] --data-bin DIR
                                              [--index I | --sentence "bpe text"] [--layer L] [--heads H ...]
                                              --out attention.png
 
@@ -179,9 +179,7 @@ def encoder_attention(ckpt, data_bin, index=0, sentence=None, layer=0, split="te
     import torch
     from fairseq import checkpoint_utils
 
-    import qknorm_fairseq
-
-    qknorm_fairseq.register()  # our models, and torch >= 2.6 loading of fairseq checkpoints
+    import qknorm_fairseq  # noqa: F401  (our models, and torch >= 2.6 loading of fairseq checkpoints)
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([ckpt], arg_overrides={"data": data_bin})
     model = models[0].eval()
     src_dict = task.source_dictionary
@@ -243,7 +241,7 @@ def plot_attention(ckpts, data_bin, out, index=0, sentence=None, layer=0, heads=
 
 
 def main(argv=None):
-    ap = Parser(prog="python -m qknorm_fairseq.plots", description=__doc__)
+    ap = Parser(prog="python -m qknorm_pipeline.plots", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     # log plots read --log NAME=PATH (or every system of --pair under --log-dir), checkpoint plots --ckpt
     for cmd, item, folder, env, default in (("dev-bleu", "log", "log-dir", "LOG_DIR", "logs"),
