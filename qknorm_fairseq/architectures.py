@@ -7,16 +7,13 @@ per-pair sizes (gl->en: 4+4 layers, 4 heads, dropout 0.4) live in configs/.
 from fairseq.models import ARCH_MODEL_INV_REGISTRY, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
-
-def _set(args, **defaults):
-    for key, value in defaults.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+from .config import DEFAULTS, fill
 
 
 @register_model_architecture("qknorm_transformer", "qknorm_transformer")
 def qknorm_transformer(args):
     """All flags at fairseq's defaults: the same network as fairseq's `transformer`."""
+    fill(args, **DEFAULTS)
     base_architecture(args)
 
 
@@ -24,10 +21,10 @@ def twt_common(args, prenorm):
     # TwT Appendix A: same dropout on sublayer outputs, ReLU and attention weights; tied
     # source/target/output embeddings; word dropout 0.1; output masked to the target vocabulary.
     # Both original code bases add a learned bias to the output logits (use_bias).
-    _set(args, dropout=0.3, attention_dropout=0.3, activation_dropout=0.3, share_all_embeddings=True,
+    fill(args, dropout=0.3, attention_dropout=0.3, activation_dropout=0.3, share_all_embeddings=True,
          word_dropout=0.1, target_vocab_mask=True, init_scheme="smallinit", output_bias=True,
          encoder_normalize_before=prenorm, decoder_normalize_before=prenorm)
-    base_architecture(args)
+    qknorm_transformer(args)
 
 
 @register_model_architecture("qknorm_transformer", "transformer_postnorm")
@@ -45,28 +42,28 @@ def transformer_prenorm(args):
 @register_model_architecture("qknorm_transformer", "transformer_fixnorm")
 def transformer_fixnorm(args):
     """TwT Table 3 row 'PreNorm + FixNorm + LayerNorm'."""
-    _set(args, fixnorm=True)
+    fill(args, fixnorm=True)
     twt_common(args, prenorm=True)
 
 
 @register_model_architecture("qknorm_transformer", "transformer_scalenorm")
 def transformer_scalenorm(args):
     """TwT Table 3 row 'PreNorm + FixNorm + ScaleNorm' ("Transformers without Tears")."""
-    _set(args, norm_type="scalenorm")
+    fill(args, norm_type="scalenorm")
     transformer_fixnorm(args)
 
 
 @register_model_architecture("qknorm_transformer", "transformer_scalenorm_fixed_g")
 def transformer_scalenorm_fixed_g(args):
     """TwT Table 7 row 'fixed g': ScaleNorm with g = sqrt(d) except in the final decoder norm."""
-    _set(args, scalenorm_fixed_g=True)
+    fill(args, scalenorm_fixed_g=True)
     transformer_scalenorm(args)
 
 
 @register_model_architecture("qknorm_transformer", "transformer_rmsnorm")
 def transformer_rmsnorm(args):
     """TwT Table 7 row 'RMSNorm': PreNorm + FixNorm with RMSNorm in place of ScaleNorm."""
-    _set(args, norm_type="rmsnorm")
+    fill(args, norm_type="rmsnorm")
     transformer_fixnorm(args)
 
 
@@ -74,7 +71,7 @@ def transformer_rmsnorm(args):
 def transformer_qknorm(args):
     """QKNorm Tables 2/3 row 'QKNorm + LayerNorm': PreNorm + FixNorm + LayerNorm, QKNorm in all
     three attentions, g0 = log2(L^2 - L)."""
-    _set(args, encoder_attention="qknorm", decoder_attention="qknorm", cross_attention="qknorm")
+    fill(args, encoder_attention="qknorm", decoder_attention="qknorm", cross_attention="qknorm")
     transformer_fixnorm(args)
 
 
@@ -82,7 +79,7 @@ def transformer_qknorm(args):
 def transformer_lpqknorm(args):
     """Lp-QKNorm (Lopez-Rubio et al.): QKNorm with the l_p norm; p = 4 by default, the best value
     of that paper's experiment (p in {2.5, 3, 3.5, 4} all beat p = 2 there). Set --qknorm-p."""
-    _set(args, qknorm_p=4.0)
+    fill(args, qknorm_p=4.0)
     transformer_qknorm(args)
 
 
@@ -90,7 +87,7 @@ def transformer_lpqknorm(args):
 def transformer_dnas(args):
     """PreNorm + FixNorm + LayerNorm with doubly-normalised attention (DNAS) in encoder
     self-attention over scaled dot-product scores."""
-    _set(args, encoder_attention="dnas")
+    fill(args, encoder_attention="dnas")
     transformer_fixnorm(args)
 
 
@@ -98,7 +95,7 @@ def transformer_dnas(args):
 def transformer_hnas(args):
     """As transformer_dnas with hybrid attention (HNAS): u * DNAS + (1 - u) * softmax, u learned
     per encoder layer, initialised to 0.5."""
-    _set(args, encoder_attention="hnas")
+    fill(args, encoder_attention="hnas")
     transformer_fixnorm(args)
 
 

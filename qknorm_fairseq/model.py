@@ -4,7 +4,6 @@ Every behaviour is composed through fairseq's build hooks (build_embedding, buil
 build_decoder, build_*_layer, build_self_attention, build_encoder_attention,
 build_output_projection); no forward pass of fairseq is copied.
 """
-import argparse
 import hashlib
 import logging
 
@@ -16,62 +15,14 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
-from . import data_stats, distributed
-from .attention import ATTENTION_TYPES, NormAttention, parse_attention_type
+from . import config, data_stats, distributed
+from .attention import NormAttention, parse_attention_type
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
-from .norms import NORM_TYPES, build_norm
-from .smallinit import INIT_SCHEMES, init_layer
+from .norms import build_norm
+from .positions import build_positions
+from .smallinit import init_layer
 
 logger = logging.getLogger(__name__)
-
-# Defaults of our flags: together they give fairseq's own transformer.
-DEFAULTS = dict(norm_type="layernorm", scalenorm_fixed_g=False, fixnorm=False, init_scheme="fairseq",
-                encoder_attention="softmax", decoder_attention="softmax", cross_attention="softmax",
-                qknorm_p=2.0, qknorm_length=None, qknorm_g0=None, qknorm_percentile=97.5,
-                word_dropout=0.0, target_vocab_mask=False, output_bias=False)
-
-
-def add_qknorm_args(parser):
-    group = parser.add_argument_group("qknorm-fairseq: normalisation and attention")
-    group.add_argument("--norm-type", choices=NORM_TYPES,
-                       help="normalisation in every sublayer and the final norms (default: layernorm)")
-    group.add_argument("--scalenorm-fixed-g", action=argparse.BooleanOptionalAction,
-                       help="ScaleNorm: keep g fixed at sqrt(d) except in the final decoder norm (TwT Table 7)")
-    group.add_argument("--fixnorm", action=argparse.BooleanOptionalAction,
-                       help="FixNorm: l2-normalised tied embeddings, U(-0.01, 0.01) init (needs "
-                            "--share-all-embeddings)")
-    group.add_argument("--init-scheme", choices=INIT_SCHEMES,
-                       help="smallinit: attention N(0, sqrt(2/5d)), FFN N(0, sqrt(2/(d+d_ff))) (TwT 3.1); "
-                            "xavier_normal: attention N(0, sqrt(2/2d)), FFN as smallinit (TwT Table 2 "
-                            "baseline); fairseq: fairseq's Xavier uniform init (default)")
-    for site, what in (("encoder", "encoder self-attention"), ("decoder", "decoder self-attention"),
-                       ("cross", "encoder-decoder attention")):
-        group.add_argument(f"--{site}-attention", choices=ATTENTION_TYPES,
-                           help=f"attention in {what} (default: softmax). qknorm: l_p-normalised q and k "
-                                "with a learned scale g; dnas/hnas (encoder only): doubly-normalised/hybrid "
-                                "weights over dot-product scores, qknorm+dnas/qknorm+hnas over QKNorm scores")
-    group.add_argument("--qknorm-p", type=float, help="p of the l_p norm in QKNorm, p >= 1 (default: 2)")
-    group.add_argument("--qknorm-length", type=float,
-                       help="L for QKNorm's g0 = log2(L^2 - L); default: the --qknorm-percentile of the "
-                            "train split's source and target lengths in the data directory")
-    group.add_argument("--qknorm-g0", type=float, help="QKNorm's initial g, overriding --qknorm-length")
-    group.add_argument("--qknorm-percentile", type=float,
-                       help="percentile of training lengths used as L (default: 97.5)")
-    group.add_argument("--word-dropout", type=float,
-                       help="probability of replacing a source or target input token by <unk> in training")
-    group.add_argument("--target-vocab-mask", action=argparse.BooleanOptionalAction,
-                       help="set to -inf the logits of types never seen on the target side of the train "
-                            "split (use with --criterion masked_label_smoothed_cross_entropy)")
-    group.add_argument("--output-bias", action=argparse.BooleanOptionalAction,
-                       help="a learned, zero-initialised bias on the output logits, as in both original "
-                            "code bases (default: off, as fairseq)")
-
-
-def set_defaults(args):
-    for key, value in DEFAULTS.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-
 
 def check_args(args):
     """Reject combinations that cannot work, with the reason."""
@@ -159,6 +110,14 @@ def _swap_norms(module, names, cfg, learnable=True):
             setattr(module, name, build_norm(cfg.norm_type, dim, learnable_scale=learnable))
 
 
+def _swap_positions(module, cfg, max_positions):
+    if cfg.positions != "fairseq" and module.embed_positions is not None:
+        if cfg.encoder.learned_pos or cfg.decoder.learned_pos:
+            raise ValueError(f"--positions {cfg.positions} is a fixed table: drop --encoder/decoder-learned-pos")
+        dim = module.embed_positions.embedding_dim
+        module.embed_positions = build_positions(cfg.positions, max_positions, dim, module.padding_idx)
+
+
 def _wrap(layer, cfg):
     # as fairseq's build_*_layer: optional activation checkpointing and FSDP wrapping
     if cfg.checkpoint_activations:
@@ -206,6 +165,7 @@ class QKEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc)
         _swap_norms(self, ("layer_norm",), cfg, not cfg.scalenorm_fixed_g)
+        _swap_positions(self, cfg, cfg.max_source_positions)
 
     def build_encoder_layer(self, cfg):
         return _wrap(QKEncoderLayer(cfg, return_fc=self.return_fc), cfg)
@@ -215,6 +175,7 @@ class QKDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         _swap_norms(self, ("layer_norm",), cfg, learnable=True)  # the final norm's g always learns
+        _swap_positions(self, cfg, cfg.max_target_positions)
         self.mask_output = bool(cfg.target_vocab_mask)
         if self.mask_output:
             # (V,) True where the type may be generated; persistent, so decoding needs no train data.
@@ -268,11 +229,11 @@ class QKTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_qknorm_args(parser)
+        config.add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
-        set_defaults(args)
+        config.fill(args, **config.DEFAULTS)  # also for checkpoints older than a flag
         uses_qknorm = check_args(args)
         distributed.check_ddp_backend(args)
         g0 = resolve_qknorm_g0(args, task) if uses_qknorm else 1.0

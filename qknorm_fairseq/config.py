@@ -1,0 +1,87 @@
+"""The flags of `qknorm_transformer`, declared once (in the style of fairseq's TransformerConfig),
+and `fill`, the one helper through which the model and every preset set their defaults."""
+import argparse
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from .attention import ATTENTION_TYPES
+from .norms import NORM_TYPES
+from .positions import POSITION_TABLES
+from .smallinit import INIT_SCHEMES
+
+SITES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
+ATTENTION_HELP = ("attention in {} (default: softmax). qknorm: l_p-normalised q and k with a learned scale g; "
+                  "dnas/hnas (encoder only): doubly-normalised/hybrid weights over dot-product scores, "
+                  "qknorm+dnas/qknorm+hnas over QKNorm scores")
+
+
+@dataclass
+class QKNormConfig(FairseqDataclass):
+    """Every default gives fairseq's own transformer."""
+
+    norm_type: ChoiceEnum(NORM_TYPES) = field(
+        default="layernorm", metadata={"help": "normalisation in every sublayer and the final norms"})
+    scalenorm_fixed_g: bool = field(
+        default=False, metadata={"help": "ScaleNorm: keep g fixed at sqrt(d) except in the final decoder norm "
+                                         "(TwT Table 7)"})
+    fixnorm: bool = field(
+        default=False, metadata={"help": "FixNorm: l2-normalised tied embeddings, U(-0.01, 0.01) init (needs "
+                                         "--share-all-embeddings)"})
+    init_scheme: ChoiceEnum(INIT_SCHEMES) = field(
+        default="fairseq", metadata={"help": "smallinit: attention N(0, sqrt(2/5d)), FFN N(0, sqrt(2/(d+d_ff))) "
+                                             "(TwT 3.1); xavier_normal: attention N(0, sqrt(2/2d)), FFN as smallinit "
+                                             "(TwT Table 2 baseline); fairseq: fairseq's Xavier uniform init"})
+    encoder_attention: ChoiceEnum(ATTENTION_TYPES) = field(
+        default="softmax", metadata={"help": ATTENTION_HELP.format(SITES["encoder"])})
+    decoder_attention: ChoiceEnum(ATTENTION_TYPES) = field(
+        default="softmax", metadata={"help": ATTENTION_HELP.format(SITES["decoder"])})
+    cross_attention: ChoiceEnum(ATTENTION_TYPES) = field(
+        default="softmax", metadata={"help": ATTENTION_HELP.format(SITES["cross"])})
+    qknorm_p: float = field(default=2.0, metadata={"help": "p of the l_p norm in QKNorm, p >= 1"})
+    qknorm_length: Optional[float] = field(
+        default=None, metadata={"help": "L for QKNorm's g0 = log2(L^2 - L); default: the --qknorm-percentile of the "
+                                        "train split's source and target lengths in the data directory"})
+    qknorm_g0: Optional[float] = field(
+        default=None, metadata={"help": "QKNorm's initial g, overriding --qknorm-length"})
+    qknorm_percentile: float = field(default=97.5, metadata={"help": "percentile of training lengths used as L"})
+    word_dropout: float = field(
+        default=0.0, metadata={"help": "probability of replacing a source or target input token by <unk> in training"})
+    target_vocab_mask: bool = field(
+        default=False, metadata={"help": "set to -inf the logits of types never seen on the target side of the "
+                                         "train split (use with --criterion masked_label_smoothed_cross_entropy)"})
+    output_bias: bool = field(
+        default=False, metadata={"help": "a learned, zero-initialised bias on the output logits, as in both "
+                                         "original code bases"})
+    positions: ChoiceEnum(POSITION_TABLES) = field(
+        default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
+                                             "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "
+                                             "QKNorm code's (sin on every dimension; qknorm_fairseq/positions.py)"})
+
+
+FLAGS = [f for f in fields(QKNormConfig) if not f.name.startswith("_")]  # FairseqDataclass adds _name
+DEFAULTS = {f.name: f.default for f in FLAGS}
+
+
+def add_args(parser):
+    """The flags of QKNormConfig as argparse options, with --no-FLAG for every boolean."""
+    group = parser.add_argument_group("qknorm-fairseq: normalisation, attention and the original code's details")
+    for f in FLAGS:
+        kw = {"help": f"{f.metadata['help']} (default: {f.default})"}
+        choices = getattr(f.type, "__members__", None)
+        if f.type is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif choices:
+            kw["choices"] = list(choices)
+        else:
+            kw["type"] = float
+        group.add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def fill(args, **defaults):
+    """Set each default that the command line (or a preset applied before) left unset, as
+    fairseq's architecture functions do."""
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
