@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from .cli import Parser, fail
+from .cli import Parser, main as run_main
 from .fairseq_log import LogError, parse_log
 from .files import write_atomic
 

@@ -1,19 +1,51 @@
-"""The command-line grammar shared by every `python -m qknorm_pipeline.<tool>` (and scripts/*.sh):
-`--help` lists every option; exit 0 ok, 2 usage error, 1 failure; an error is one line that names
-the fix, never a traceback for a user's mistake. Imports no fairseq."""
+"""The command-line grammar of every step (`python -m qknorm_pipeline.<step>`, or its door
+`bash scripts/<step>.sh`): `--help` lists every option; exit 0 ok, 2 a usage error, 1 a failure;
+an error is one line `[step] error: ...` that names the fix, never a traceback for a user's mistake.
+Library code raises a UserError; `main` turns it into that line."""
 import argparse
+import os
+import re
 import sys
+import time
+
+
+class UserError(Exception):
+    """A problem the user can fix, with a message that names it and the fix. Exit status 1."""
+
+    exit_code = 1
+
+
+class UsageError(UserError):
+    """A mistake on the command line or in a config (exit 2; the line points to --help)."""
+
+    exit_code = 2
+
+
+def prog(module):
+    """What a user typed: the door `bash scripts/NAME` when one started us, else `python -m MODULE`."""
+    door = os.environ.get("QKNORM_DOOR")
+    return f"bash {door}" if door else f"python -m {module}"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line usage error (exit 2) instead of the usage block and the error, and
-    the description (a module's docstring) shown as written."""
+    """argparse with a one-line usage error (exit 2) instead of the usage block, and the description
+    (a module's docstring) shown as written. TAG names the step in error lines."""
 
-    def __init__(self, *args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs):
+    def __init__(self, *args, tag=None, unknown_hint="", formatter_class=argparse.RawDescriptionHelpFormatter,
+                 **kwargs):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
+        self.tag = tag or self.prog.split()[-1].rsplit(".", 1)[-1].removesuffix(".sh")
+        self.unknown_hint = unknown_hint
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # argparse's wording, in the words of the rest of the project
+        m = re.match(r"argument (--[\w-]+)(/[^:]*)?: expected one argument", message)
+        if m:
+            message = f"{m.group(1)} needs a value"
+        m = re.match(r"unrecognized arguments: (\S+)", message)
+        if m:
+            message = f"unknown option {m.group(1)}{self.unknown_hint}"
+        self.exit(2, f"[{self.tag}] error: {message} (see {self.prog} --help)\n")
 
     def named(self, items, flag, form="NAME=PATH", default_name=None):
         """[(NAME, VALUE)] of the NAME=VALUE arguments given to FLAG, each NAME once; a bare VALUE is
@@ -31,18 +63,33 @@ class Parser(argparse.ArgumentParser):
         return list(out.items())
 
 
-def fail(error, status=1):
-    """A tool's own error (its message names the problem and the fix) as one line; returns STATUS."""
-    print(f"error: {error}", file=sys.stderr)
-    return status
+def one_pair(args, default=None):
+    """The pair of a step's command line: PAIR (args.pair_arg) or --pair PAIR (args.pair), once."""
+    if args.pair and args.pair_arg and args.pair != args.pair_arg:
+        raise UsageError(f"one pair at a time (got {args.pair_arg!r} and {args.pair!r})")
+    pair = args.pair or args.pair_arg or default
+    if not pair:
+        raise UsageError("name a pair: PAIR or --pair PAIR")
+    return pair
 
 
-def run(main, argv=None):
-    """Runs main(argv) as a command: Ctrl-C and a closed output pipe end it with one line."""
+def log(tag, text):
+    """One progress line on stderr: [TAG HH:MM:SS] TEXT."""
+    print(f"[{tag} {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def main(run, parser, argv=None):
+    """Parse ARGV with PARSER and call run(args); a UserError becomes its one line and exit status,
+    Ctrl-C ends with 130, a closed output pipe with 1."""
+    args = parser.parse_args(argv)
     try:
-        return main(argv)
+        return run(args) or 0
+    except UserError as e:
+        hint = f" (see {parser.prog} --help)" if isinstance(e, UsageError) else ""
+        print(f"[{parser.tag}] error: {e}{hint}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"[{parser.tag}] interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 1

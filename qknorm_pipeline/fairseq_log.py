@@ -8,9 +8,11 @@ Used by the plots, the precision check and the live progress display; imports no
 import json
 import os
 
+from .cli import UserError
 
-class LogError(ValueError):
-    pass
+
+class LogError(UserError):
+    """A log that is missing or holds no record of the kind asked for."""
 
 
 def parse_line(line):

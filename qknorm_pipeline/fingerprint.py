@@ -14,7 +14,7 @@ import os
 import sys
 from importlib import metadata
 
-from .cli import Parser, run
+from .cli import Parser, main as run_main
 from .paths import ROOT
 
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
@@ -22,7 +22,7 @@ PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nlt
 # reads lines and scores them
 CODE = tuple(f"qknorm_fairseq/{m}.py" for m in ("model", "attention", "norms", "fixnorm", "smallinit", "architectures",
                                                  "task", "twt_search", "checkpoint_compat")) + tuple(
-    f"qknorm_pipeline/{m}.py" for m in ("files", "scoring/bleu", "scoring/evaluate"))
+    f"qknorm_pipeline/{m}.py" for m in ("files", "scoring/bleu", "scoring/score"))
 
 
 def file_digest(path):
@@ -66,16 +66,18 @@ def main(argv=None):
     ap.add_argument("--file", action="append", default=[], metavar="PATH",
                     help="a file whose content is part of the identity (repeatable)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the command line")
-    args = ap.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        ap.error("give the command after --")
-    missing = [p for p in args.file if not os.path.isfile(p)]
-    if missing:
-        ap.error(f"--file {missing[0]} does not exist")
-    print(fingerprint(args.file, command))
-    return 0
+
+    def run(args):
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            ap.error("give the command after --")
+        missing = [p for p in args.file if not os.path.isfile(p)]
+        if missing:
+            ap.error(f"--file {missing[0]} does not exist")
+        print(fingerprint(args.file, command))
+
+    return run_main(run, ap, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    sys.exit(main())

@@ -1,13 +1,48 @@
-"""Paths as they go into shareable results: relative to the repository, never this machine's."""
+"""Where things are: the repository, the output folders (each movable by an environment variable),
+and paths as they go into shareable results (relative to the repository, never this machine's)."""
+import dataclasses
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(ROOT, "qknorm_fairseq")  # the plugin, given to fairseq as --user-dir
+CONFIG_DIR = os.environ.get("QKNORM_CONFIG_DIR", os.path.join(ROOT, "configs"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Folders:
+    """downloads and tokenized text, binarized data, checkpoints, training logs, results."""
+
+    data: str
+    data_bin: str
+    ckpt: str
+    logs: str
+    results: str
+
+    def under(self, name):
+        """The same folders, each with a subfolder NAME (a study keeps its runs apart this way)."""
+        return Folders(*(os.path.join(p, name) for p in dataclasses.astuple(self)))
+
+
+def folders():
+    """$DATA_DIR (data/), $DATA_BIN (data-bin/), $CKPT_DIR (checkpoints/), $LOG_DIR (logs/),
+    $RESULTS_DIR (results/), each relative to the repository unless the variable is set."""
+    def get(var, default):
+        return os.path.abspath(os.environ.get(var) or os.path.join(ROOT, default))
+
+    return Folders(get("DATA_DIR", "data"), get("DATA_BIN", "data-bin"), get("CKPT_DIR", "checkpoints"),
+                   get("LOG_DIR", "logs"), get("RESULTS_DIR", "results"))
 
 
 def shareable(path):
     """`path` relative to the repository when it lies inside it; anything else unchanged."""
     full = os.path.abspath(path)
     return os.path.relpath(full, ROOT) if full.startswith(ROOT + os.sep) else path
+
+
+def short(path):
+    """PATH as a user reads it: relative to the current folder when inside it."""
+    full, here = os.path.abspath(path), os.getcwd()
+    return os.path.relpath(full, here) if full.startswith(here + os.sep) else path
 
 
 def cpu_name():

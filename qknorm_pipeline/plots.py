@@ -25,14 +25,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .fairseq_log import LogError, parse_log  # noqa: E402,F401  (parse_log: also for callers)
-from .paths import ROOT  # noqa: E402
-from .cli import Parser, fail  # noqa: E402
+from .cli import Parser, UsageError, main as run_main, prog  # noqa: E402
+from .fairseq_log import parse_log  # noqa: E402
 from .files import atomic_path  # noqa: E402
+from .paths import ROOT  # noqa: E402
 
 
-class PlotError(LogError):
+class PlotError(UsageError):
     pass
+
+
+class NothingToDraw(Exception):
+    """No input holds what the plot shows (e.g. a run shorter than fairseq's --log-interval has no
+    train_inner record): the plot is not drawn, which is not an error."""
 
 
 def _named(ap, items, flag):
@@ -71,12 +76,17 @@ def _curves(curves, out, xlabel, ylabel, title, **style):
 
 
 def _records(logs, kind, key, missing):
-    """(name, the log's KIND records that hold KEY) per (name, path); PlotError naming MISSING for a log with none."""
+    """[(name, the log's KIND records that hold KEY)] of the logs that have any; a log without
+    any is left out with a warning; NothingToDraw naming MISSING when none has any."""
+    found, empty = [], []
     for name, path in logs:
         recs = [r for r in parse_log(path)[kind] if key in r]
-        if not recs:
-            raise PlotError(f"{path}: {missing}")
-        yield name, recs
+        (found if recs else empty).append((name, recs) if recs else path)
+    if not found:
+        raise NothingToDraw(f"{', '.join(empty)}: {missing}")
+    for path in empty:
+        print(f"warning: {path}: {missing}; left out of the plot", file=sys.stderr)
+    return found
 
 
 def plot_dev_bleu(logs, out, title=None):
@@ -93,7 +103,8 @@ def plot_dev_bleu(logs, out, title=None):
 def plot_grad_norm(logs, out, title=None):
     curves = [(name, [r["num_updates"] for r in inner], [r["gnorm"] for r in inner])
               for name, inner in _records(logs, "train_inner", "gnorm",
-                                          "no train_inner records with gnorm (use --log-format json)")]
+                                          "no train_inner records with gnorm (fewer updates than fairseq's "
+                                          "--log-interval, or not --log-format json)")]
     return _curves(curves, out, "update", "global gradient norm (before clipping)",
                    title or "Gradient norm during training", lw=1)
 
@@ -240,9 +251,9 @@ def plot_attention(ckpts, data_bin, out, index=0, sentence=None, layer=0, heads=
     return _save(fig, out)
 
 
-def main(argv=None):
-    ap = Parser(prog="python -m qknorm_pipeline.plots", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def parser():
+    ap = Parser(prog=prog("qknorm_pipeline.plots"), tag="plots", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     # log plots read --log NAME=PATH (or every system of --pair under --log-dir), checkpoint plots --ckpt
     for cmd, item, folder, env, default in (("dev-bleu", "log", "log-dir", "LOG_DIR", "logs"),
                                             ("grad-norm", "log", "log-dir", "LOG_DIR", "logs"),
@@ -260,24 +271,32 @@ def main(argv=None):
             p.add_argument("--sentence", help="a BPE-segmented source sentence instead of --index")
             p.add_argument("--layer", type=int, default=0)
             p.add_argument("--heads", type=int, nargs="+")
-    args = ap.parse_args(argv)
-    try:
-        if args.cmd in ("dev-bleu", "grad-norm"):
-            logs = _from_pair(args.pair, args.log_dir, "train.log") if args.pair else _named(ap, args.log, "--log")
-            fn = plot_dev_bleu if args.cmd == "dev-bleu" else plot_grad_norm
-            out = fn(logs, args.out, args.title)
-        else:
-            ckpts = (_from_pair(args.pair, args.ckpt_dir, "checkpoint_best.pt") if args.pair
-                     else _named(ap, args.ckpt, "--ckpt"))
-            if args.cmd == "scales":
-                out = plot_scales(ckpts, args.out, args.title)
-            else:
-                out = plot_attention(ckpts, args.data_bin, args.out, args.index, args.sentence, args.layer,
-                                     args.heads, args.title)
-    except LogError as e:
-        return fail(e, 2)
-    print(out)
-    return 0
+    return ap
+
+
+def draw(ap, args):
+    if args.cmd in ("dev-bleu", "grad-norm"):
+        logs = _from_pair(args.pair, args.log_dir, "train.log") if args.pair else _named(ap, args.log, "--log")
+        fn = plot_dev_bleu if args.cmd == "dev-bleu" else plot_grad_norm
+        return fn(logs, args.out, args.title)
+    ckpts = (_from_pair(args.pair, args.ckpt_dir, "checkpoint_best.pt") if args.pair
+             else _named(ap, args.ckpt, "--ckpt"))
+    if args.cmd == "scales":
+        return plot_scales(ckpts, args.out, args.title)
+    return plot_attention(ckpts, args.data_bin, args.out, args.index, args.sentence, args.layer, args.heads,
+                          args.title)
+
+
+def main(argv=None):
+    ap = parser()
+
+    def run(args):
+        try:
+            print(draw(ap, args))
+        except NothingToDraw as e:
+            print(f"[plots] {args.cmd}: nothing to draw, no {os.path.basename(args.out)} written: {e}", file=sys.stderr)
+
+    return run_main(run, ap, argv)
 
 
 if __name__ == "__main__":

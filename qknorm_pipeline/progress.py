@@ -4,6 +4,7 @@
         [--max-update N] [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
     fairseq-generate ... 2>>LOG | python -m qknorm_pipeline.progress decode --log FILE --total N
         [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
+The steps call `train` and `decode` in-process on their child's output (qknorm_pipeline/processes.py).
 
 Every input line is appended to --log unchanged, so the whole fairseq log stays on disk. Training
 progress comes from fairseq's JSON records (`--log-format json`: `train_inner` every
@@ -16,13 +17,14 @@ seconds, for decoding every --every seconds. QKNORM_PROGRESS=bar or =lines force
 program we do not control, like plain fairseq-train) shows one line counting its Python warnings
 instead, at its first record, or at the end if it stops before one. One summary line at the end.
 """
+import argparse
 import os
 import re
 import signal
 import sys
 import time
 
-from .cli import Parser, run
+from .cli import Parser, main as run_main
 from .fairseq_log import parse_line
 from .paths import shareable
 
@@ -126,10 +128,10 @@ def _bar(total, label, unit, right):
                 bar_format=f"{label} {{n_fmt}}/{{total_fmt}} {unit} |{{bar}}| {right}")
 
 
-def follow(args, on_line):
-    """Copy stdin to args.log line by line, calling on_line(text, shown) for each, shown telling
-    whether the line must be displayed (a run warning); counts Python warnings under --python-warnings count."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops fairseq; keep its last words in the log
+def follow(args, stream, on_line):
+    """Copy STREAM (binary lines) to args.log line by line, calling on_line(text, shown) for each,
+    shown telling whether the line must be displayed (a run warning); counts Python warnings under
+    --python-warnings count."""
     counted, said = [0], [False]
 
     def say_count():
@@ -139,7 +141,7 @@ def follow(args, on_line):
         said[0] = True
 
     with open(args.log, "ab", buffering=0) as log:
-        for raw in sys.stdin.buffer:
+        for raw in stream:
             log.write(raw)
             text = raw.decode("utf-8", "replace").rstrip("\n")
             if args.verbose:
@@ -154,10 +156,10 @@ def follow(args, on_line):
     say_count()
 
 
-def follow_with_bar(args, bar, on_line):
+def follow_with_bar(args, stream, bar, on_line):
     """follow(), closing the bar (if any) however the input ends."""
     try:
-        follow(args, on_line)
+        follow(args, stream, on_line)
     finally:
         if bar is not None:
             bar.close()
@@ -172,7 +174,8 @@ def mode(args):
     return "bar" if sys.stderr.isatty() else "lines"
 
 
-def train(args):
+def train(args, stream):
+    """The progress of a training whose output (fairseq's JSON log records) STREAM carries."""
     state, how = Training(args.max_update), mode(args)
     bar = _bar(args.max_update, args.label, "updates", "{desc}") if how == "bar" else None
     last = [time.monotonic()]
@@ -189,13 +192,14 @@ def train(args):
             print(stamp(args.tag, state.line(args.label)), file=sys.stderr, flush=True)
             last[0] = time.monotonic()
 
-    follow_with_bar(args, bar, on_line)
+    follow_with_bar(args, stream, bar, on_line)
     if state.update:  # nothing to sum up when fairseq stopped before its first update (see its log)
         print(stamp(args.tag, state.summary(args.label)), file=sys.stderr, flush=True)
     return 0
 
 
-def decode(args):
+def decode(args, stream):
+    """The progress of a fairseq-generate run whose standard output STREAM carries."""
     how, t0 = mode(args), time.monotonic()
     bar = _bar(args.total, args.label, "sentences", "{rate_fmt}  ETA {remaining}") if how == "bar" else None
     done, last = [0], [t0]
@@ -212,26 +216,38 @@ def decode(args):
             print(stamp(args.tag, f"{args.label} {done[0]}/{args.total} sentences decoded"), file=sys.stderr, flush=True)
             last[0] = time.monotonic()
 
-    follow_with_bar(args, bar, on_line)
+    follow_with_bar(args, stream, bar, on_line)
     took = time.monotonic() - t0
     print(stamp(args.tag, f"{args.label}: decoded {done[0]}/{args.total} sentences in {clock(took)} "
                           f"({done[0] / max(took, 1e-9):.1f} sentences/s)"), file=sys.stderr, flush=True)
     return 0
 
 
-def main(argv=None):
+def options(cmd, log, label, tag, max_update=0, total=0, python_warnings="show"):
+    """The settings of train() and decode() for an in-process call, as the command line makes them."""
+    return argparse.Namespace(cmd=cmd, log=log, label=label, tag=tag, every=EVERY, verbose=verbose_env(),
+                              max_update=max_update, total=total, python_warnings=python_warnings)
+
+
+def verbose_env():
+    return os.environ.get("VERBOSE", "0") not in ("", "0")
+
+
+EVERY = 300.0
+
+
+def parser():
     ap = Parser(prog="python -m qknorm_pipeline.progress", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    verbose = os.environ.get("VERBOSE", "0") not in ("", "0")
     for name, text in (("train", "training progress from fairseq's JSON log records"),
                        ("decode", "decoding progress from fairseq-generate's S- lines")):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--log", required=True, help="file every input line is appended to")
         p.add_argument("--label", default=name, help="what the lines name, e.g. PAIR/SYSTEM")
         p.add_argument("--tag", default=name, help="the [TAG HH:MM:SS] prefix of the lines (default: %(default)s)")
-        p.add_argument("--every", type=float, default=300.0,
+        p.add_argument("--every", type=float, default=EVERY,
                        help="without a terminal: at most this many seconds between lines (default: %(default)s)")
-        p.add_argument("--verbose", action="store_true", default=verbose,
+        p.add_argument("--verbose", action="store_true", default=verbose_env(),
                        help="echo every line instead of the progress display (default: VERBOSE=1)")
         if name == "train":
             p.add_argument("--max-update", type=int, default=0, help="the run's --max-update (0: unknown)")
@@ -241,9 +257,13 @@ def main(argv=None):
         else:
             p.add_argument("--total", type=int, required=True, help="sentences to decode")
             p.set_defaults(python_warnings="show")
-    args = ap.parse_args(argv)
-    return train(args) if args.cmd == "train" else decode(args)
+    return ap
+
+
+def main(argv=None):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the run; keep its last words in the log
+    return run_main(lambda a: (train if a.cmd == "train" else decode)(a, sys.stdin.buffer), parser(), argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    sys.exit(main())

@@ -1,9 +1,10 @@
-"""Training recipes: configs/base.yaml merged with configs/<pair>.yaml (only what differs).
+"""Training recipes: configs/base.yaml merged with configs/<pair>.yaml (only what differs), read
+through the structured config Recipe below, so that a misspelt key or a wrong type is a one-line
+RecipeError naming the file's key.
 
 A prepared pair with no file of its own (bash scripts/prepare.sh --pair xx-yy --src-dir DIR) gets
 the base recipe with model size and epoch length from its training-set size (size_from_data).
 
-Command line (used by the bash pipelines):
     python -m qknorm_pipeline.recipes get PAIR KEY      # KEY is dotted, e.g. data.bpe_merges
     python -m qknorm_pipeline.recipes train-args PAIR SYSTEM [--schedule S] [--stopping F]
         [--paper-qknorm-length] [--data-bin DIR] [--save-dir DIR]  # fairseq-train arguments, one quoted line
@@ -12,19 +13,139 @@ Command line (used by the bash pipelines):
     python -m qknorm_pipeline.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)
 PAIR's prepared data is looked up in --data-bin, else $DATA_BIN/PAIR (default data-bin/PAIR).
 """
+import dataclasses
+import enum
 import json
 import os
 import shlex
 import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
-import yaml
-from .cli import Parser
-
+from .cli import Parser, UsageError, main as run_main
 from .data.stats import REMOVE_BPE, read_stats
-from .paths import ROOT
+from .paths import CONFIG_DIR, USER_DIR, folders
 
-CONFIG_DIR = os.environ.get("QKNORM_CONFIG_DIR", os.path.join(ROOT, "configs"))
 BASE = "base"
+
+
+class RecipeError(UsageError):
+    """A recipe that cannot be built: an unknown pair, system or key, a wrong value."""
+
+
+class Bpe(enum.Enum):
+    fastbpe = "fastbpe"
+    sentencepiece = "sentencepiece"
+
+
+class Scheduler(enum.Enum):
+    val_decay = "val_decay"
+    inverse_sqrt = "inverse_sqrt"
+
+
+@dataclass
+class Data:
+    source: Optional[str] = None            # where download.sh fetches it (data/sources.py)
+    tokenized: bool = True                  # arrives Moses-tokenized
+    max_len: int = 250                      # train length filter before BPE, in tokens
+    bpe: Bpe = Bpe.fastbpe
+    bpe_merges: int = 8000
+    expected_lines: Dict[str, Optional[int]] = field(default_factory=dict)
+    exact_sources: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Eval:
+    metric: str = "multi_bleu_detok"
+    detok: str = "moses"
+
+
+@dataclass
+class Model:
+    embed_dim: int = 512
+    ffn_dim: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    heads: int = 8
+    dropout: float = 0.3
+    qknorm_length: Optional[float] = None   # the papers' L, used with --paper-qknorm-length
+
+
+@dataclass
+class Train:
+    criterion: str = "masked_label_smoothed_cross_entropy"
+    label_smoothing: float = 0.1
+    max_tokens: int = 4096
+    adam_betas: str = "(0.9, 0.999)"
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    epoch_updates: int = 2000
+    max_epochs: int = 200
+    log_interval: int = 100
+    seed: int = 1
+    schedule: str = "valdecay"              # the entry of schedules: used unless --schedule names another
+
+
+@dataclass
+class Schedule:
+    scheduler: Scheduler = Scheduler.val_decay
+    warmup_updates: int = 0
+    lr: Optional[float] = None              # the peak, or ...
+    lr_scale: Optional[float] = None        # ... TwT's rule lr_scale * d^-0.5 * warmup^-0.5
+    decay_factor: Optional[float] = None    # val_decay only
+    decay_patience: Optional[int] = None    # val_decay only
+
+
+@dataclass
+class Stopping:
+    stop_lr: float = -1.0                   # stop once the LR falls below (val_decay's --decay-stop-lr)
+    patience: int = -1                      # stop after this many validations without dev BLEU gain; -1: never
+    schedule: Optional[str] = None          # the rule's own schedule (a procedure one flag away)
+
+
+@dataclass
+class Decode:
+    beam: int = 4
+    length_norm: str = "gnmt"
+    gnmt_alpha: float = 0.6
+    max_len_a: float = 1
+    max_len_b: int = 50
+    beam_search: str = "twt"
+
+
+@dataclass
+class System:
+    arch: str = "???"
+    stopping: str = "???"
+    qknorm: bool = False                    # uses QKNorm (--paper-qknorm-length applies)
+    flags: Dict[str, Any] = field(default_factory=dict)  # fairseq flags of this system, name: value
+
+
+@dataclass
+class Cpu:
+    # A CPU run's numbers depend on the thread count and the instruction set the kernels use
+    # (docs/reproducibility.md). Set both to get the same numbers on every x86-64 machine with AVX2.
+    threads: Optional[int] = None           # OMP_NUM_THREADS and MKL_NUM_THREADS
+    isa: Optional[str] = None               # e.g. avx2: ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2
+
+
+@dataclass
+class Recipe:
+    pair: str = ""
+    src: str = ""
+    tgt: str = ""
+    size_from_data: bool = False            # a pair's file that only overrides the sized base recipe
+    data: Data = field(default_factory=Data)
+    eval: Eval = field(default_factory=Eval)
+    model: Model = field(default_factory=Model)
+    train: Train = field(default_factory=Train)
+    schedules: Dict[str, Schedule] = field(default_factory=dict)
+    stopping: Dict[str, Stopping] = field(default_factory=dict)
+    decode: Decode = field(default_factory=Decode)
+    systems: Dict[str, System] = field(default_factory=dict)
+    cpu: Cpu = field(default_factory=Cpu)
+
 
 # size_from_data: the papers' pairs are the reference points (TwT Table 1). gl->en (10k training
 # pairs) has 4+4 layers, 4 heads, dropout 0.4, 100 updates per epoch, 1000 epochs; sk->en (61k),
@@ -51,34 +172,50 @@ def available_pairs():
 
 
 def default_data_bin(pair):
-    return os.path.join(os.environ.get("DATA_BIN") or os.path.join(ROOT, "data-bin"), pair)
+    return os.path.join(folders().data_bin, pair)
 
 
 def _read(path):
-    with open(path) as f:
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f) or {}
 
 
-def base_recipe():
-    return _read(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))
+def structured(schema, layers, what):
+    """LAYERS (dicts) merged onto the dataclass SCHEMA with OmegaConf and checked against it: the
+    typed object, or a RecipeError naming the key that is unknown, missing or of the wrong type."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), *layers)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        msg = str(e).splitlines()[0]
+        raise RecipeError(f"{what}: {key + ': ' if key else ''}{msg}") from None
+
+
+def base():
+    """configs/base.yaml alone: what a pair without a config of its own starts from."""
+    return structured(Recipe, [_read(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))], f"configs/{BASE}.yaml")
 
 
 def load(pair, data_bin=None, announce=False):
-    """The merged recipe of PAIR. ANNOUNCE: print the sizes chosen from the data, if any."""
-    from omegaconf import OmegaConf
-
+    """The merged recipe of PAIR (a Recipe). ANNOUNCE: print the sizes chosen from the data, if any."""
     if pair == BASE:
-        raise SystemExit(f"{BASE!r} is the recipe every pair starts from, not a pair: name a pair")
+        raise RecipeError(f"{BASE!r} is the recipe every pair starts from, not a pair: name a pair")
     path = os.path.join(CONFIG_DIR, f"{pair}.yaml")
     own = _read(path) if os.path.exists(path) else None
-    layers = [base_recipe()]
+    layers = [_read(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))]
     if own is None or own.get("size_from_data"):
         data_bin = data_bin or default_data_bin(pair)
         stats = read_stats(data_bin)
         if stats is None:
-            raise SystemExit(f"unknown pair {pair!r}: no {path} and no prepared data in {data_bin}. Known pairs: "
-                             f"{', '.join(available_pairs())}; for your own corpus run first: "
-                             f"bash scripts/prepare.sh --pair {pair} --src-dir DIR")
+            raise RecipeError(f"unknown pair {pair!r}: no {path} and no prepared data in {data_bin}. Known pairs: "
+                              f"{', '.join(available_pairs())}; for your own corpus run first: "
+                              f"bash scripts/prepare.sh --pair {pair} --src-dir DIR")
         n_train = stats["lines"]["train"]["kept"]
         sized = size_from_data(n_train)
         layers += [{"src": stats["src"], "tgt": stats["tgt"]}, sized]
@@ -87,10 +224,8 @@ def load(pair, data_bin=None, announce=False):
                   f"pairs: {_describe(sized)} (size_from_data in qknorm_pipeline/recipes.py). To change it, write "
                   f"{path} with 'size_from_data: true' and the keys to override, or pass fairseq flags "
                   "after PAIR SYSTEM to train.sh", file=sys.stderr)
-    layers.append({k: v for k, v in (own or {}).items() if k != "size_from_data"})
-    cfg = OmegaConf.to_container(OmegaConf.merge(*[OmegaConf.create(x) for x in layers]))
-    cfg["pair"] = pair
-    return cfg
+    layers += [own or {}, {"pair": pair}]
+    return structured(Recipe, layers, f"configs/{pair}.yaml over configs/{BASE}.yaml")
 
 
 def _describe(over):
@@ -102,36 +237,24 @@ def _describe(over):
 def remove_bpe(cfg, data_bin=None):
     """fairseq's --remove-bpe value for the pair: from the segmentation prepare.sh recorded in
     DATA_BIN/stats.json, or from the recipe's data.bpe while the pair is not prepared yet."""
-    stats = read_stats(data_bin or default_data_bin(cfg["pair"]))
-    bpe = stats["bpe"] if stats else cfg["data"]["bpe"]
+    stats = read_stats(data_bin or default_data_bin(cfg.pair))
+    bpe = stats["bpe"] if stats else cfg.data.bpe.value
     if bpe not in REMOVE_BPE:
-        raise SystemExit(f"segmentation {bpe!r} of {cfg['pair']} is unknown: it must be one of {', '.join(REMOVE_BPE)}")
+        raise RecipeError(f"segmentation {bpe!r} of {cfg.pair} is unknown: it must be one of {', '.join(REMOVE_BPE)}")
     return REMOVE_BPE[bpe]
 
 
 def get(cfg, key):
+    """The value at the dotted KEY (a RecipeError names a missing one)."""
     node = cfg
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise SystemExit(f"config for {cfg.get('pair')!r} has no key {key!r}")
-        node = node[part]
-    return node
-
-
-USER_DIR = os.path.join(ROOT, "qknorm_fairseq")  # the plugin, passed to fairseq as --user-dir
-SCHEDULERS = ("val_decay", "inverse_sqrt")
-
-
-def _section(cfg, name):
-    if not isinstance(cfg.get(name), dict):
-        raise SystemExit(f"config for {cfg.get('pair')!r} has no {name}: section (see configs/gl-en.yaml)")
-    return cfg[name]
-
-
-def _need(section, key, where):
-    if key not in section or section[key] is None:
-        raise SystemExit(f"{where} lacks {key!r}")
-    return section[key]
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        else:
+            raise RecipeError(f"config for {getattr(cfg, 'pair', None)!r} has no key {key!r}")
+    return node.value if isinstance(node, enum.Enum) else node
 
 
 def peak_lr(scale, dim, warmup):
@@ -141,160 +264,176 @@ def peak_lr(scale, dim, warmup):
 
 
 def stopping(cfg, name):
-    """(stop LR, patience) of one entry of the config's stopping: section (a system family)."""
-    rules = _section(cfg, "stopping")
-    if name not in rules:
-        raise SystemExit(f"config {cfg['pair']!r} has no stopping rule {name!r}; known: {', '.join(rules)}")
-    where = f"stopping.{name} of {cfg['pair']}"
-    return float(_need(rules[name], "stop_lr", where)), int(_need(rules[name], "patience", where))
+    """The entry NAME of the config's stopping: rules."""
+    if name not in cfg.stopping:
+        raise RecipeError(f"config {cfg.pair!r} has no stopping rule {name!r}; known: {', '.join(cfg.stopping)}")
+    return cfg.stopping[name]
+
+
+def schedule(cfg, name):
+    """(name, Schedule) of the schedule NAME, or of the recipe's default when NAME is None."""
+    name = name or cfg.train.schedule
+    if name not in cfg.schedules:
+        raise RecipeError(f"config {cfg.pair!r} has no schedule {name!r}; known: {', '.join(cfg.schedules)}")
+    return name, cfg.schedules[name]
+
+
+def schedule_peak(cfg, s):
+    """The peak LR of schedule S at the recipe's model size."""
+    if s.lr_scale is not None:  # TwT: lambda * d^-0.5 * warmup^-0.5
+        return peak_lr(s.lr_scale, cfg.model.embed_dim, s.warmup_updates)
+    if s.lr is None:
+        raise RecipeError(f"a schedule of {cfg.pair!r} gives neither lr nor lr_scale")
+    return s.lr
 
 
 def schedule_args(cfg, name, stop_lr):
     """fairseq-train flags of one learning-rate schedule of the config's schedules: section."""
-    scheds = _section(cfg, "schedules")
-    name = name or _need(scheds, "default", "schedules:")
-    if name == "default" or name not in scheds:
-        known = ", ".join(k for k in scheds if k != "default")
-        raise SystemExit(f"config {cfg['pair']!r} has no schedule {name!r}; known: {known}")
-    s, where = scheds[name], f"schedules.{name} of {cfg['pair']}"
-    kind = _need(s, "scheduler", where)
-    if kind not in SCHEDULERS:
-        raise SystemExit(f"{where}: scheduler must be one of {SCHEDULERS}, got {kind!r}")
-    warmup = int(_need(s, "warmup_updates", where))
-    if "lr_scale" in s:  # peak derived as in TwT: lambda * d^-0.5 * warmup^-0.5
-        lr = peak_lr(float(s["lr_scale"]), int(_section(cfg, "model")["embed_dim"]), warmup)
-    else:
-        lr = float(_need(s, "lr", where))
-    args = ["--lr-scheduler", kind, "--lr", f"{lr:.6g}", "--warmup-updates", str(warmup)]
-    if kind == "val_decay":
-        args += ["--decay-factor", str(_need(s, "decay_factor", where)),
-                 "--decay-patience", str(_need(s, "decay_patience", where)),
+    name, s = schedule(cfg, name)
+    args = ["--lr-scheduler", s.scheduler.value, "--lr", f"{schedule_peak(cfg, s):.6g}",
+            "--warmup-updates", str(s.warmup_updates)]
+    if s.scheduler is Scheduler.val_decay:
+        if s.decay_factor is None or s.decay_patience is None:
+            raise RecipeError(f"schedules.{name} of {cfg.pair}: val_decay needs decay_factor and decay_patience")
+        args += ["--decay-factor", str(s.decay_factor), "--decay-patience", str(s.decay_patience),
                  "--decay-stop-lr", f"{stop_lr:g}"]
     else:
         args += ["--warmup-init-lr", "0"]
     return args
 
 
-def systems(cfg):
-    return list(_section(cfg, "systems"))
+def system(cfg, name):
+    if name not in cfg.systems:
+        raise RecipeError(f"config {cfg.pair!r} has no system {name!r}; known: {', '.join(cfg.systems)}")
+    return cfg.systems[name]
 
 
-def _flag(key, value):
-    flag = "--" + key.replace("_", "-")
+def flag(key, value):
+    """fairseq's spelling of one flag: --key value, --key for True, --no-key for False."""
+    name = "--" + key.replace("_", "-")
     if value is True:
-        return [flag]
+        return [name]
     if value is False:
         return ["--no-" + key.replace("_", "-")]
-    return [flag, str(value)]
+    return [name, str(value)]
 
 
-def train_args(cfg, system, schedule=None, paper_qknorm_length=False, data_bin=None, save_dir=None,
+def train_args(cfg, system_name, schedule_name=None, paper_qknorm_length=False, data_bin=None, save_dir=None,
                stopping_rule=None):
     """The fairseq-train argument list for PAIR and SYSTEM (everything but extra user flags)."""
-    model, train, decode = _section(cfg, "model"), _section(cfg, "train"), _section(cfg, "decode")
-    syst = _section(cfg, "systems")
-    if system not in syst:
-        raise SystemExit(f"config {cfg['pair']!r} has no system {system!r}; known: {', '.join(syst)}")
-    s = syst[system]
-    pair = cfg["pair"]
-    args = [data_bin or os.path.join("data-bin", pair), "--user-dir", USER_DIR, "--task", "translation_qk",
-            "--source-lang", cfg["src"], "--target-lang", cfg["tgt"], "--arch", _need(s, "arch", f"systems.{system}")]
-    d, ffn = int(model["embed_dim"]), int(model["ffn_dim"])
+    s = system(cfg, system_name)
+    model, train, decode = cfg.model, cfg.train, cfg.decode
+    args = [data_bin or os.path.join("data-bin", cfg.pair), "--user-dir", USER_DIR, "--task", "translation_qk",
+            "--source-lang", cfg.src, "--target-lang", cfg.tgt, "--arch", s.arch]
+    d, ffn = model.embed_dim, model.ffn_dim
     args += ["--encoder-embed-dim", str(d), "--decoder-embed-dim", str(d),
              "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
-             "--encoder-layers", str(model["encoder_layers"]), "--decoder-layers", str(model["decoder_layers"]),
-             "--encoder-attention-heads", str(model["heads"]), "--decoder-attention-heads", str(model["heads"]),
-             "--dropout", str(model["dropout"]), "--attention-dropout", str(model["dropout"]),
-             "--activation-dropout", str(model["dropout"])]
-    for key, value in (s.get("flags") or {}).items():
-        args += _flag(key, value)
+             "--encoder-layers", str(model.encoder_layers), "--decoder-layers", str(model.decoder_layers),
+             "--encoder-attention-heads", str(model.heads), "--decoder-attention-heads", str(model.heads),
+             "--dropout", str(model.dropout), "--attention-dropout", str(model.dropout),
+             "--activation-dropout", str(model.dropout)]
+    for key, value in s.flags.items():
+        args += flag(key, value)
     if paper_qknorm_length:
-        if not s.get("qknorm"):
-            raise SystemExit(f"--paper-qknorm-length: system {system!r} does not use QKNorm")
-        length = model.get("qknorm_length")
-        if length is None:
-            raise SystemExit(f"config {pair!r} has no model.qknorm_length (the papers give none for it): "
-                             "drop --paper-qknorm-length to compute L from the training data")
-        args += ["--qknorm-length", str(length)]
-    epoch = int(_need(train, "epoch_updates", "train:"))
-    args += ["--criterion", train["criterion"], "--label-smoothing", str(train["label_smoothing"]),
-             "--optimizer", "adam", "--adam-betas", str(train["adam_betas"]), "--adam-eps", str(train["adam_eps"]),
-             "--weight-decay", str(train["weight_decay"]), "--clip-norm", str(train["clip_norm"]),
-             "--max-tokens", str(train["max_tokens"]), "--seed", str(train.get("seed", 1))]
-    stop_lr, patience = stopping(cfg, stopping_rule or _need(s, "stopping", f"systems.{system}"))
-    args += schedule_args(cfg, schedule, stop_lr)
+        if not s.qknorm:
+            raise RecipeError(f"--paper-qknorm-length: system {system_name!r} does not use QKNorm")
+        if model.qknorm_length is None:
+            raise RecipeError(f"config {cfg.pair!r} has no model.qknorm_length (the papers give none for it): "
+                              "drop --paper-qknorm-length to compute L from the training data")
+        args += ["--qknorm-length", f"{model.qknorm_length:g}"]
+    args += ["--criterion", train.criterion, "--label-smoothing", str(train.label_smoothing),
+             "--optimizer", "adam", "--adam-betas", train.adam_betas, "--adam-eps", str(train.adam_eps),
+             "--weight-decay", str(train.weight_decay), "--clip-norm", str(train.clip_norm),
+             "--max-tokens", str(train.max_tokens), "--seed", str(train.seed)]
+    rule = stopping(cfg, stopping_rule or s.stopping)
+    args += schedule_args(cfg, schedule_name or rule.schedule, rule.stop_lr)
     # the original code's "epoch": validate, decay and save every `epoch` updates (task.py)
+    epoch = train.epoch_updates
     args += ["--validate-interval-updates", str(epoch), "--save-interval-updates", str(epoch),
              "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
-             "--max-update", str(epoch * int(train["max_epochs"])), "--patience", str(patience)]
-    gen = {"beam": decode["beam"], "max_len_a": decode["max_len_a"], "max_len_b": decode["max_len_b"]}
+             "--max-update", str(epoch * train.max_epochs), "--patience", str(rule.patience)]
+    gen = {"beam": decode.beam, "max_len_a": _number(decode.max_len_a), "max_len_b": decode.max_len_b}
     args += ["--eval-bleu", "--eval-bleu-args", json.dumps(gen), "--eval-bleu-remove-bpe", remove_bpe(cfg, data_bin),
              "--eval-tokenized-bleu", "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
              *decode_args(decode)]
-    args += ["--log-format", "json", "--log-interval", str(train.get("log_interval", 100))]
+    args += ["--log-format", "json", "--log-interval", str(train.log_interval)]
     if save_dir:
         args += ["--save-dir", save_dir]
     return args
 
 
+def _number(x):
+    """1.0 as 1 (how the configs write it), 1.5 as 1.5."""
+    return int(x) if float(x).is_integer() else x
+
+
 def decode_args(dec):
     """The translation_qk task's decoding flags, for test decoding and dev BLEU alike."""
-    return ["--length-norm", dec["length_norm"], "--gnmt-alpha", str(dec["gnmt_alpha"]),
-            "--beam-search", dec.get("beam_search", "fairseq")]
+    return ["--length-norm", dec.length_norm, "--gnmt-alpha", str(dec.gnmt_alpha), "--beam-search", dec.beam_search]
 
 
 def generate_args(cfg, data_bin=None):
     """fairseq-generate decoding flags of the papers (beam 4, GNMT alpha 0.6, max len src + 50) and
     the undoing of the pair's segmentation."""
-    dec = _section(cfg, "decode")
-    return ["--user-dir", USER_DIR, "--task", "translation_qk", "--source-lang", cfg["src"],
-            "--target-lang", cfg["tgt"], "--beam", str(dec["beam"]), "--max-len-a", str(dec["max_len_a"]),
-            "--max-len-b", str(dec["max_len_b"]), *decode_args(dec), "--remove-bpe", remove_bpe(cfg, data_bin)]
+    dec = cfg.decode
+    return ["--user-dir", USER_DIR, "--task", "translation_qk", "--source-lang", cfg.src,
+            "--target-lang", cfg.tgt, "--beam", str(dec.beam), "--max-len-a", f"{dec.max_len_a:g}",
+            "--max-len-b", str(dec.max_len_b), *decode_args(dec), "--remove-bpe", remove_bpe(cfg, data_bin)]
 
 
-def main(argv=None):
-    parser = Parser(prog="python -m qknorm_pipeline.recipes", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+def cpu_env(cfg, environ=None):
+    """The environment of a CPU run with the recipe's cpu: settings; a variable the user set wins."""
+    env = dict(os.environ if environ is None else environ)
+    pins = {}
+    if cfg.cpu.threads:
+        pins.update(OMP_NUM_THREADS=str(cfg.cpu.threads), MKL_NUM_THREADS=str(cfg.cpu.threads))
+    if cfg.cpu.isa:
+        pins.update(ATEN_CPU_CAPABILITY=cfg.cpu.isa.lower(), MKL_CBWR=cfg.cpu.isa.upper())
+    for key, value in pins.items():
+        env.setdefault(key, value)
+    return env
+
+
+def parser():
+    p = Parser(prog="python -m qknorm_pipeline.recipes", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     p_get = sub.add_parser("get", help="print one value of PAIR's recipe")
     p_get.add_argument("pair")
     p_get.add_argument("key")
     p_train = sub.add_parser("train-args", help="fairseq-train arguments for PAIR and SYSTEM")
     p_train.add_argument("pair")
     p_train.add_argument("system")
-    p_train.add_argument("--schedule", help="an entry of the config's schedules: (default: its default)")
+    p_train.add_argument("--schedule", help="an entry of the config's schedules: (default: train.schedule)")
     p_train.add_argument("--stopping", help="an entry of the config's stopping: (default: the system's)")
     p_train.add_argument("--paper-qknorm-length", action="store_true",
                          help="use the paper's L (model.qknorm_length) instead of computing it from the data")
     p_train.add_argument("--save-dir", help="checkpoint directory")
     for name in ("generate-args", "systems", "schedules"):
         sub.add_parser(name).add_argument("pair")
-    for p in sub.choices.values():
-        p.add_argument("--data-bin", help="PAIR's binarized data (default: $DATA_BIN/PAIR, else data-bin/PAIR)")
-    args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except SystemExit as e:  # the recipe functions stop with a message naming the fix: a usage error
-        if not isinstance(e.code, str):
-            raise
-        print(f"{parser.prog}: error: {e.code}", file=sys.stderr)
-        return 2
+    for sp in sub.choices.values():
+        sp.add_argument("--data-bin", help="PAIR's binarized data (default: $DATA_BIN/PAIR, else data-bin/PAIR)")
+    return p
 
 
-def _run(args):
+def run(args):
     cfg = load(args.pair, args.data_bin, announce=args.cmd == "train-args")
     if args.cmd == "get":
         value = get(cfg, args.key)
-        print("" if value is None else str(value).lower() if isinstance(value, bool) else value)
+        print("" if value is None else str(value).lower() if isinstance(value, bool)
+              else f"{value:g}" if isinstance(value, float) else value)
     elif args.cmd == "train-args":
         print(shlex.join(train_args(cfg, args.system, args.schedule, args.paper_qknorm_length,
                                     args.data_bin, args.save_dir, args.stopping)))
     elif args.cmd == "generate-args":
         print(shlex.join(generate_args(cfg, args.data_bin)))
     elif args.cmd == "systems":
-        print(" ".join(systems(cfg)))
+        print(" ".join(cfg.systems))
     elif args.cmd == "schedules":
-        print(" ".join(k for k in _section(cfg, "schedules") if k != "default"))
-    return 0
+        print(" ".join(cfg.schedules))
+
+
+def main(argv=None):
+    return run_main(run, parser(), argv)
 
 
 if __name__ == "__main__":

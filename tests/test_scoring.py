@@ -12,7 +12,7 @@ import sacrebleu
 
 from conftest import brute_force_bootstrap_p, naive_bleu
 from qknorm_pipeline.scoring import bleu
-from qknorm_pipeline.scoring.evaluate import main as cli
+from qknorm_pipeline.scoring.score import main as cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")

@@ -67,7 +67,7 @@ def test_every_script_answers_help_with_every_option(path):
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_every_module_answers_help_with_every_option(module):
-    path = "scoring/evaluate" if module == "scoring" else module.replace(".", "/")  # scoring/__main__.py runs evaluate
+    path = "scoring/score" if module == "scoring" else module.replace(".", "/")  # scoring/__main__.py runs score
     # a package (benchmark/): every module in it
     files = glob.glob(os.path.join(REPO, "qknorm_pipeline", path, "*.py")) or [os.path.join(REPO, "qknorm_pipeline",
                                                                                          path + ".py")]

@@ -1,34 +1,73 @@
 """Speed benchmarks of the presets and of their kernels (see each tool's --help).
 
-    python -m qknorm_pipeline.benchmark speed [--dim 256 --layers 3 --reps 15 ...] --out results/benchmark
-    python -m qknorm_pipeline.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
-"""
-from ..cli import Parser
-from . import kernels, speed
+usage: bash scripts/benchmark.sh [speed] [--reps N] [--dim D] [--layers L] [speed flags...]
+       bash scripts/benchmark.sh kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
+       bash scripts/benchmark.sh --convergence [scripts/study.sh flags...]
+       (python -m qknorm_pipeline.benchmark takes the same arguments)
 
-TOOLS = {"speed": speed, "kernels": kernels}
+speed (the default): interleaved runs of every preset and of stock fairseq `transformer` with the
+same dimensions, data, batch and dropout: training target tokens/s (after warm-up), peak memory,
+beam-4 decoding sentences/s; median and spread; ratios to the stock model. CPU by default (one
+thread, small dimensions, a few minutes); with a CUDA device: GPU + bf16 (fairseq's base size:
+--dim 512 --layers 6 --heads 8). Writes $RESULTS_DIR/benchmark.{md,json}.
+--convergence: the real-data study on TED gl->en (scripts/study.sh; see its --help).
+Exit status: 0 ok, 2 a usage error, 1 a failure.
+"""
+import os
+import sys
+
+from ..cli import Parser, main as run_main, prog
+from ..paths import folders
+
+TOOLS = ("speed", "kernels")
 POSITIVE = ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam", "reps",
             "vocab", "tokens", "iters")
 
 
-def main(argv=None):
-    p = Parser(prog="python -m qknorm_pipeline.benchmark", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    for name, tool in TOOLS.items():
+def parser():
+    from . import kernels, speed
+
+    p = Parser(prog=prog("qknorm_pipeline.benchmark"), tag="benchmark", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    for name, tool in (("speed", speed), ("kernels", kernels)):
         tool.add_arguments(sub.add_parser(name, help=tool.HELP, description=tool.__doc__))
-    opts = p.parse_args(argv)
-    error = sub.choices[opts.cmd].error
+    return p
+
+
+def run(opts):
+    import torch
+
+    from . import kernels, speed
+
+    error = parser()._subparsers._group_actions[0].choices[opts.cmd].error
     for k in POSITIVE:
         if getattr(opts, k, 1) is not None and getattr(opts, k, 1) < 1:
             error(f"--{k.replace('_', '-')} must be >= 1")
     if opts.dim % opts.heads:
         error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
+    if opts.cmd == "speed":
+        opts.device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        opts.dtype = opts.dtype or ("bf16" if opts.device.startswith("cuda") else "fp32")
+        opts.out = opts.out or os.path.join(folders().results, "benchmark")
+    if getattr(opts, "device", "cpu") == "cpu" and not opts.threads:
+        # One CPU thread: on a shared, oversubscribed CPU, OpenMP threads spin-waiting for each other
+        # make every op many times slower (measured here: 6 ms layer norms).
+        opts.threads = 1
     if opts.threads:
-        import torch
-
         torch.set_num_threads(opts.threads)
-    return TOOLS[opts.cmd].run(opts)  # the results, for callers in Python
+    return {"speed": speed, "kernels": kernels}[opts.cmd].run(opts)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--convergence"]:
+        from ..study import main as study_main
+
+        return study_main(argv[1:])
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["speed", *argv]
+    return run_main(run, parser(), argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -398,9 +398,9 @@ def add_arguments(s):
     s.add_argument("--beam", type=int, default=4)
     s.add_argument("--reps", type=int, default=15)
     s.add_argument("--archs", nargs="+", help="presets to compare (default: all)")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    s.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    s.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU)")
+    s.add_argument("--dtype", choices=("fp32", "bf16"), help="default: bf16 on a GPU, fp32 on a CPU")
+    s.add_argument("--threads", type=int, help="torch CPU threads (default: 1)")
     s.add_argument("--peak-tflops", type=float,
                    help="the device's dense peak for --dtype, for the MFU column (default: known H100/H200/A100 values)")
-    s.add_argument("--out", default="results/benchmark", help="writes OUT.json and OUT.md")
+    s.add_argument("--out", help="writes OUT.json and OUT.md (default: $RESULTS_DIR/benchmark)")

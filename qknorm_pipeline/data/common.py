@@ -6,10 +6,12 @@ import shutil
 import sys
 import tempfile
 
+from ..cli import UserError
+
 SPLITS = ("train", "dev", "test")
 
 
-class DataError(Exception):
+class DataError(UserError):
     """Bad or unusable data: the message names the problem and the fix."""
 
 

@@ -91,15 +91,15 @@ def download(pair, out, cache, source=None):
         raise DataError(f"unknown pair {pair!r}: downloadable pairs are {', '.join(known)}; for your own "
                         f"corpus run: bash scripts/prepare.sh --pair {pair} --src-dir DIR")
     cfg = recipes.load(pair)
-    data_cfg = cfg.get("data") or {}
-    src, tgt = cfg["src"], cfg["tgt"]
-    candidates = sources.sources_for(data_cfg.get("source"), src, tgt)
+    data_cfg = cfg.data
+    src, tgt = cfg.src, cfg.tgt
+    candidates = sources.sources_for(data_cfg.source, src, tgt)
     if source:
         names = [c[0] for c in candidates]
         if source not in names:
             raise DataError(f"unknown source {source!r} for {pair}: choose one of {', '.join(names)}")
         candidates = [c for c in candidates if c[0] == source]
-    exact = set(data_cfg.get("exact_sources") or [])
+    exact = set(data_cfg.exact_sources)
     failures = []
     for name, kind, urls in candidates:
         log(f"{pair}: trying source {name}")
@@ -108,7 +108,7 @@ def download(pair, out, cache, source=None):
             for s in SPLITS:
                 if not data[s]:
                     raise DataError(f"{name}: the {s} split is empty for {src}-{tgt}")
-            counts = check_counts(data, data_cfg.get("expected_lines"), name in exact, f"{pair} from {name}")
+            counts = check_counts(data, data_cfg.expected_lines, name in exact, f"{pair} from {name}")
         except DataError as e:
             log(f"source {name} failed: {e}")
             failures.append(f"{name}: {e}")

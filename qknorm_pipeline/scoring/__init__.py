@@ -4,4 +4,4 @@
 """
 from .bleu import (BleuResult, ScoringError, detokenize, mteval_13a_tokenize, multi_bleu,  # noqa: F401
                    multi_bleu_detok, read_lines, sacrebleu_score)
-from .evaluate import METRICS, score_systems  # noqa: F401
+from .score import METRICS, score_systems  # noqa: F401

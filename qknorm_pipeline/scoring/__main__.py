@@ -1,6 +1,6 @@
 import sys
 
-from .evaluate import main
+from .score import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import files
+from ..cli import UsageError
 
 MAX_ORDER = 4
 
@@ -51,7 +52,7 @@ MOSES_ESCAPES = {
 _MOSES_ESCAPE_RE = re.compile("|".join(re.escape(k) for k in MOSES_ESCAPES))
 
 
-class ScoringError(ValueError):
+class ScoringError(UsageError):
     """Bad scorer input (missing/empty file, line counts differ)."""
 
 

@@ -1,12 +1,25 @@
 """One comparison table per pair: every evaluated system, every metric, the delta to the
-baseline with its paired-bootstrap p-value, and the papers' published numbers beside ours.
+baseline with its p-value, and the papers' published numbers beside ours.
 
-    python -m qknorm_pipeline.scoring.compare --pair PAIR --results-dir DIR [--baseline NAME]
-        [--metric M] [--detok D] [--lang L] [--published results/published.csv]
+usage: bash scripts/compare.sh [PAIR|all] [--baseline NAME] [--metric M] [--runs RUN...] [...]
+       (python -m qknorm_pipeline.scoring.compare takes the same arguments)
 
-Reads DIR/PAIR/<system>/{hyp.txt,scores.json} (written by scripts/evaluate.sh) and writes
-DIR/PAIR/compare.{md,csv,json}. ``sacrebleu_treebank`` is SacreBLEU after NLTK's Treebank
-detokenizer (QKNorm Table 3's procedure); the other metrics follow scripts/evaluate.sh.
+Reads $RESULTS_DIR/PAIR/<run>/{hyp.txt,scores.json} (written by scripts/evaluate.sh), scores every
+system under every metric, tests each against the baseline (postnorm, else scalenorm, else
+prenorm; --baseline NAME), places the published numbers of results/published.csv beside them,
+prints the table and writes $RESULTS_DIR/PAIR/compare.{md,csv,json}. Nothing is reused: the table
+is computed from the current hypotheses every time.
+
+Columns: multi_bleu (multi-bleu.perl on the tokenized text); multi_bleu_detok (multi-bleu-detok.perl
+after the pair's detokenizer), which is SacreBLEU's 13a BLEU with the signature given under the
+table (the two differ only when an n-gram order has no match at all: 0 against SacreBLEU's
+smoothed score); sacrebleu_treebank, SacreBLEU after NLTK's Treebank detokenizer: on a pair with a
+published QKNorm Table 3 number the authors' procedure, which keeps Moses escapes (13a then splits
+`&apos;` into `& apos ;`, so every apostrophe adds easy matches: a warning says how many the
+reference holds), elsewhere the same after undoing the escapes (--treebank-detok to choose).
+p: the paired bootstrap over test sentences (Koehn 2004), or, when a system has several seeds,
+the seed bootstrap over seeds and sentences (significance.py); at the floor of its resamples it
+is printed as a bound ("< 0.001" for 1,000).
 """
 import csv
 import io
@@ -19,11 +32,13 @@ import sys
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, ScoringError
 from ..files import write_atomic
-from .evaluate import METRICS, score_runs, score_systems
-from .significance import replicate_bootstrap
-from ..cli import Parser, fail
+from .score import METRICS, score_runs, score_systems
+from .bleu import MOSES_ESCAPES
+from .significance import format_p, seed_bootstrap
+from ..cli import Parser, main as run_main, one_pair, prog
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
+SHOWN = ("multi_bleu", "multi_bleu_detok", "sacrebleu_treebank")  # sacrebleu: multi_bleu_detok's twin
 DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
 # Baseline preference when none is named: TwT's baseline, then QKNorm's (Nguyen & Salazar).
 BASELINE_ORDER = ("postnorm", "scalenorm", "prenorm")
@@ -44,6 +59,8 @@ def group_runs(runs):
 
 
 def load_published(path, pair):
+    if path is None:  # the numbers of another split: none to show
+        return []
     if not os.path.exists(path):
         raise ScoringError(f"published numbers {path!r} not found")
     with open(path, newline="", encoding="utf-8") as f:
@@ -75,47 +92,86 @@ def find_systems(pair_dir, only=None):
     return systems
 
 
-def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, metric=None, detok=None,
-          lang="en", n_samples=1000, seed=12345, treebank_detok="treebank", runs=None):
-    pair_dir = os.path.join(results_dir, pair)
-    systems = find_systems(pair_dir, runs)
-    metas = {s: json.load(open(os.path.join(pair_dir, s, "scores.json"))) for s in systems}
+def treebank_procedure(published, chosen=None):
+    """The detokenizer of the sacrebleu_treebank column: the authors' (escapes kept) only where it
+    re-scores a published QKNorm Table 3 number, else the same after undoing the escapes."""
+    if chosen:
+        return chosen
+    return "treebank" if any(p["metric"] == "sacrebleu_treebank" for p in published) else "treebank_unescape"
+
+
+def escape_warning(ref, procedure):
+    """A warning when the escaped-Treebank procedure meets Moses escapes in the reference."""
+    if procedure != "treebank":
+        return None
+    from .bleu import read_lines
+
+    n = sum(line.count(e) for line in read_lines(ref[0], "reference") for e in MOSES_ESCAPES)
+    if not n:
+        return None
+    return (f"sacrebleu_treebank keeps the reference's {n} Moses escapes, as the QKNorm Table 3 procedure did: "
+            "SacreBLEU's 13a tokenizer splits `&apos;` into `& apos ;`, so every escape adds easy matches and "
+            "raises the score on English output; compare this column only with the published one")
+
+
+def _reference(metas, pair):
     # scores.json names the reference relative to the repository when it lies inside it (shareable);
     # older ones name it absolutely: the same file either way
     refs = {tuple(os.path.normpath(os.path.join(ROOT, r)) for r in m["reference"]) for m in metas.values()}
     if len(refs) != 1:
         raise ScoringError(f"systems of {pair} were scored against different references: {sorted(refs)}")
-    ref = list(refs.pop())
+    return list(refs.pop())
+
+
+def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, metric=None, detok=None,
+          lang="en", n_samples=1000, seed=12345, treebank_detok=None, runs=None):
+    pair_dir = os.path.join(results_dir, pair)
+    systems = find_systems(pair_dir, runs)
+    metas = {}
+    for s in systems:
+        with open(os.path.join(pair_dir, s, "scores.json"), encoding="utf-8") as f:
+            metas[s] = json.load(f)
+    ref = _reference(metas, pair)
     first = metas[systems[0]]
     metric = metric or first["metric"]
     detok = detok or first["detok"]
-    if baseline is None:
-        baseline = next((b for b in BASELINE_ORDER if b in systems), systems[0])
-    elif baseline not in systems:
-        raise ScoringError(f"baseline {baseline!r} has no results in {pair_dir} (have: {', '.join(systems)})")
-    groups = group_runs(systems)
-    if any(len(g) > 1 for g in groups.values()):
-        return build_seeds(pair, pair_dir, groups, ref, metric, detok, lang, baseline, published_path,
-                           n_samples, seed, treebank_detok)
-    hyps = [(s, os.path.join(pair_dir, s, "hyp.txt")) for s in systems]
-    main = score_systems(ref, hyps, baseline=baseline, detok=detok, lang=lang, metric=metric,
-                         n_samples=n_samples, seed=seed)
-    tb = score_systems(ref, hyps, detok=treebank_detok, lang=lang)
     published = load_published(published_path, pair)
+    treebank_detok = treebank_procedure(published, treebank_detok)
+    groups = group_runs(systems)
+    if baseline is not None and baseline not in systems and baseline not in groups:
+        raise ScoringError(f"baseline {baseline!r} has no results in {pair_dir} (have: {', '.join(systems)})")
+    if baseline not in groups:
+        baseline = next((s for s, g in groups.items() if baseline in g.values()), None) or next(
+            (b for b in BASELINE_ORDER if b in groups), next(iter(groups)))
+    runs = [(run, os.path.join(pair_dir, run, "hyp.txt")) for g in groups.values() for run in g.values()]
+    scores, stats, score_fns = score_runs(ref, runs, detok, lang)
+    tb, _, _ = score_runs(ref, runs, treebank_detok, lang)
+    seeded = any(len(g) > 1 for g in groups.values())
     rows = []
-    for s in systems:
-        r = main["systems"][s]
-        row = {"system": s, **{m: r[m] for m in METRICS},
-               "sacrebleu_treebank": tb["systems"][s]["sacrebleu"],
-               "delta": r["delta"], "p_value": r["p_value"],
-               "significant": None if r["p_value"] is None else r["p_value"] < 0.01}
+    for system, by_seed in groups.items():
+        per_seed = {k: {m: scores[run][m] if m != "sacrebleu_treebank" else tb[run]["sacrebleu"] for m in ALL_METRICS}
+                    for k, run in by_seed.items()}
+        row = {"system": system, "seeds": list(by_seed), "runs": dict(by_seed), "per_seed": per_seed}
+        for m in ALL_METRICS:
+            mean, sd = mean_sd([v[m] for v in per_seed.values()])
+            row[m], row[m + "_sd"] = round(mean, 4), None if sd is None else round(sd, 4)
+        row.update(delta=None, p_value=None, p_text=None, significant=None)
+        if system != baseline:
+            res = seed_bootstrap([stats[r][metric] for r in by_seed.values()],
+                                 [stats[r][metric] for r in groups[baseline].values()],
+                                 n_samples=n_samples, seed=seed, score_fn=score_fns[metric])
+            row.update(delta=round(res["delta"], 4), p_value=res["p_value"], p_text=format_p(res["p_value"], res["floor"]),
+                       significant=res["p_value"] < 0.01)
+        else:
+            row["delta"] = 0.0
         row["published"] = beside_published(row, published)
         rows.append(row)
+    warning = escape_warning(ref, treebank_detok)
     return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
-            "reference": [shareable(r) for r in ref],
-            "treebank_detok": treebank_detok,
-            "n_samples": n_samples, "seed": seed,
-            "sacrebleu_signature": main["systems"][baseline]["sacrebleu_signature"], "rows": rows}
+            "reference": [shareable(r) for r in ref], "treebank_detok": treebank_detok,
+            "n_samples": n_samples, "seed": seed, "test": "seed_bootstrap" if seeded else "paired_bootstrap",
+            "seeds": seeded, "sacrebleu_signature": next(iter(scores.values()))["sacrebleu_signature"],
+            "warnings": [warning] if warning else [], "rows": rows}
 
 
 def beside_published(row, published):
@@ -123,43 +179,6 @@ def beside_published(row, published):
     return [{"source": f"{p['paper']} T{p['table']}", "metric": p["metric"], "bleu": p["bleu"],
              "ours": row[p["metric"]], "diff": round(row[p["metric"]] - p["bleu"], 2)}
             for p in published if p["system"] == row["system"] and not p["variant"]]
-
-
-def build_seeds(pair, pair_dir, groups, ref, metric, detok, lang, baseline, published_path, n_samples,
-                seed, treebank_detok):
-    """The table when some system was trained with several seeds: per metric the mean and the
-    sample standard deviation over seeds, every seed's score, and the replicate bootstrap."""
-    if baseline is None or baseline not in groups:
-        if baseline is not None and baseline in {r for g in groups.values() for r in g.values()}:
-            baseline = next(s for s, g in groups.items() if baseline in g.values())
-        else:
-            baseline = next((b for b in BASELINE_ORDER if b in groups), next(iter(groups)))
-    runs = [(run, os.path.join(pair_dir, run, "hyp.txt")) for g in groups.values() for run in g.values()]
-    scores, stats, score_fns = score_runs(ref, runs, detok, lang)
-    tb, _, _ = score_runs(ref, runs, treebank_detok, lang)
-    for run in scores:
-        scores[run]["sacrebleu_treebank"] = tb[run]["sacrebleu"]
-    published = load_published(published_path, pair)
-    rows = []
-    for system, by_seed in groups.items():
-        per_seed = {k: {m: scores[run][m] for m in ALL_METRICS} for k, run in by_seed.items()}
-        row = {"system": system, "seeds": list(by_seed), "runs": dict(by_seed), "per_seed": per_seed}
-        for m in ALL_METRICS:
-            mean, sd = mean_sd([v[m] for v in per_seed.values()])
-            row[m], row[m + "_sd"] = round(mean, 4), None if sd is None else round(sd, 4)
-        row["delta"] = row["p_value"] = row["significant"] = None
-        if system != baseline:
-            res = replicate_bootstrap([stats[r][metric] for r in by_seed.values()],
-                                      [stats[r][metric] for r in groups[baseline].values()],
-                                      n_samples=n_samples, seed=seed, score_fn=score_fns[metric])
-            row.update(delta=round(res["delta"], 4), p_value=res["p_value"], significant=res["p_value"] < 0.01)
-        row["published"] = beside_published(row, published)
-        rows.append(row)
-    first = next(iter(scores.values()))
-    return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
-            "reference": [shareable(r) for r in ref], "treebank_detok": treebank_detok,
-            "n_samples": n_samples, "seed": seed, "test": "replicate_bootstrap", "seeds": True,
-            "sacrebleu_signature": first["sacrebleu_signature"], "rows": rows}
 
 
 def _sources(table):
@@ -181,24 +200,31 @@ def fmt_mean_sd(mean, sd, digits=2):
     return f"{mean:.{digits}f}" + ("" if sd is None else f" ± {sd:.{digits}f}")
 
 
+def columns(table):
+    """The metrics shown: multi_bleu and multi_bleu_detok (SacreBLEU's twin), the table's metric, the
+    Treebank column."""
+    return [m for m in ALL_METRICS if m in SHOWN or m == table["metric"]]
+
+
 def to_rows(table):
     """Flat rows (header first) shared by the CSV and Markdown outputs."""
     sources = _sources(table)
-    header = ["system", *ALL_METRICS, f"delta {table['metric']}", "p"]
+    metrics = columns(table)
+    header = ["system", *metrics, f"delta {table['metric']}", "p"]
     for src, m in sources:  # each published number beside ours in its own metric
         header += [f"{src} published ({m})", f"ours ({m})"]
     if table.get("seeds"):
-        header[len(ALL_METRICS) + 1:len(ALL_METRICS) + 1] = ["seeds", f"per seed ({table['metric']})"]
+        header[len(metrics) + 1:len(metrics) + 1] = ["seeds", f"per seed ({table['metric']})"]
     out = [header]
     for r in table["rows"]:
         if table.get("seeds"):
-            cells = [r["system"]] + [fmt_mean_sd(r[m], r[m + "_sd"]) for m in ALL_METRICS]
+            cells = [r["system"]] + [fmt_mean_sd(r[m], r[m + "_sd"]) for m in metrics]
             cells += [str(len(r["seeds"])),
                       " ".join(f"{r['per_seed'][k][table['metric']]:.2f}" for k in r["seeds"])]
         else:
-            cells = [r["system"]] + [f"{r[m]:.2f}" for m in ALL_METRICS]
-        cells.append("" if r["delta"] is None or r["system"] == table["baseline"] else f"{r['delta']:+.2f}")
-        cells.append("" if r["p_value"] is None else f"{r['p_value']:.3f}" + (" *" if r["significant"] else ""))
+            cells = [r["system"]] + [f"{r[m]:.2f}" for m in metrics]
+        cells.append("" if r["system"] == table["baseline"] else f"{r['delta']:+.2f}")
+        cells.append("" if r["p_text"] is None else r["p_text"] + (" *" if r["significant"] else ""))
         pub = {(p["source"], p["metric"]): p for p in r["published"]}
         for key in sources:
             cells += [f"{pub[key]['bleu']:.2f}", f"{pub[key]['ours']:.2f}"] if key in pub else ["", ""]
@@ -213,18 +239,20 @@ def to_markdown(table):
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     if table.get("seeds"):
         test = (f"mean over seeds ± sample standard deviation; delta of the means and p on {table['metric']} "
-                f"from the replicate bootstrap (test sentences and training seeds resampled together, "
+                f"from the seed bootstrap (test sentences and training seeds resampled together, "
                 f"{table['n_samples']} samples, seed {table['seed']}; one-sided, * = p < 0.01)")
     else:
         test = (f"Delta and p on {table['metric']} (paired bootstrap, {table['n_samples']} samples, "
                 f"seed {table['seed']}; one-sided, * = p < 0.01)")
+    treebank = ("the QKNorm Table 3 procedure: Treebank on the Moses-escaped text" if table["treebank_detok"] ==
+                "treebank" else "Treebank after undoing the Moses escapes")
     lines += ["", f"Baseline: {table['baseline']}. {test[0].upper() + test[1:]}. "
-              f"Detokenizer for multi_bleu_detok/sacrebleu: {table['detok']}; sacrebleu_treebank = "
-              f"SacreBLEU after NLTK Treebank detokenization ({table.get('treebank_detok', 'treebank')}; "
-              "QKNorm Table 3: escapes kept). "
-              f"SacreBLEU: {table['sacrebleu_signature']}. Published columns: results/published.csv, "
+              f"Detokenizer for multi_bleu_detok: {table['detok']}; multi_bleu_detok is SacreBLEU "
+              f"({table['sacrebleu_signature']}) by construction. sacrebleu_treebank = SacreBLEU after NLTK "
+              f"detokenization ({treebank}). Published columns: results/published.csv, "
               "each beside our score in the metric named in its header (TwT Table 3: multi_bleu for every pair; "
               "QKNorm Table 2: multi_bleu_detok on TED, multi_bleu on en-vi; QKNorm Table 3: sacrebleu_treebank)."]
+    lines += [f"\nWarning: {w}." for w in table.get("warnings", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -253,32 +281,68 @@ def read(path):
     return table
 
 
-def main(argv=None):
-    ap = Parser(prog="python -m qknorm_pipeline.scoring.compare", description=__doc__)
-    ap.add_argument("--pair", required=True)
-    ap.add_argument("--results-dir", required=True)
+def pairs_with_results(results_dir, data_bin):
+    """Every pair under RESULTS_DIR that has a config or prepared data (compare.sh all)."""
+    from ..recipes import available_pairs
+
+    pairs = [p for p in sorted(os.listdir(results_dir)) if os.path.isdir(os.path.join(results_dir, p))
+             and (p in available_pairs() or os.path.isfile(os.path.join(data_bin, p, "stats.json")))] \
+        if os.path.isdir(results_dir) else []
+    if not pairs:
+        raise ScoringError(f"no evaluated pairs under {results_dir}: run bash scripts/evaluate.sh PAIR SYSTEM first")
+    return pairs
+
+
+def compare(pair, results_dir, lang=None, **options):
+    """Build, write and print PAIR's table; returns it."""
+    from .. import recipes
+
+    lang = lang or recipes.load(pair).tgt
+    table = build(pair, results_dir, lang=lang, **options)
+    base = write(table, results_dir)
+    for w in table["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    print(to_markdown(table))
+    print(f"wrote {shareable(base)}.{{md,csv,json}}", file=sys.stderr)
+    return table
+
+
+def parser():
+    ap = Parser(prog=prog("qknorm_pipeline.scoring.compare"), tag="compare", description=__doc__)
+    ap.add_argument("pair_arg", nargs="?", metavar="PAIR", help="a pair with results, or all (the default)")
+    ap.add_argument("--pair", help="the pair (or give it as the first argument)")
+    ap.add_argument("--results-dir", help="default: $RESULTS_DIR, else results/")
     ap.add_argument("--published", default=DEFAULT_PUBLISHED)
     ap.add_argument("--baseline", help="default: postnorm, else scalenorm, else prenorm, else the first")
     ap.add_argument("--metric", choices=METRICS, help="default: the one evaluate.sh used")
     ap.add_argument("--detok", choices=DETOKENIZERS, help="default: the one evaluate.sh used")
-    ap.add_argument("--treebank-detok", choices=("treebank", "treebank_unescape"), default="treebank",
-                    help="sacrebleu_treebank: Treebank on the escaped text as the authors did (default), or "
-                         "after undoing the Moses escapes")
-    ap.add_argument("--lang", default="en")
+    ap.add_argument("--treebank-detok", choices=("treebank", "treebank_unescape"),
+                    help="sacrebleu_treebank: Treebank on the escaped text as the authors did (the default where "
+                         "it re-scores a published QKNorm Table 3 number), or after undoing the Moses escapes "
+                         "(the default elsewhere)")
+    ap.add_argument("--lang", help="target language (default: the pair's tgt)")
     ap.add_argument("--n-samples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--runs", nargs="+", metavar="RUN",
                     help="only these run folders of the pair (default: every evaluated one)")
-    args = ap.parse_args(argv)
-    try:
-        table = build(args.pair, args.results_dir, args.published, args.baseline, args.metric, args.detok,
-                      args.lang, args.n_samples, args.seed, args.treebank_detok, args.runs)
-    except ScoringError as e:
-        return fail(e, 2)
-    base = write(table, args.results_dir)
-    print(to_markdown(table))
-    print(f"wrote {shareable(base)}.{{md,csv,json}}", file=sys.stderr)
-    return 0
+    return ap
+
+
+def run(args):
+    from ..paths import folders
+
+    where = folders()
+    results_dir = args.results_dir or where.results
+    pair = one_pair(args, default="all")
+    pairs = pairs_with_results(results_dir, where.data_bin) if pair == "all" else [pair]
+    for p in pairs:
+        compare(p, results_dir, lang=args.lang, published_path=args.published, baseline=args.baseline,
+                metric=args.metric, detok=args.detok, n_samples=args.n_samples, seed=args.seed,
+                treebank_detok=args.treebank_detok, runs=args.runs)
+
+
+def main(argv=None):
+    return run_main(run, parser(), argv)
 
 
 if __name__ == "__main__":

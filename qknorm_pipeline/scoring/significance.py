@@ -82,40 +82,71 @@ def _scores_offset(base, offset, swap, score_fn):
     return np.array([score_fn(row) for row in sums])
 
 
-def replicate_bootstrap(sys_runs, base_runs, n_samples=1000, seed=12345, score_fn=None):
-    """Significance over training seeds (replicates) and sentences together.
+def resample_weights(rng, n_sentences, n_samples):
+    """(n_samples, n_sentences) counts of each sentence in each resampled test set."""
+    idx = rng.integers(0, n_sentences, size=(n_samples, n_sentences))
+    weights = np.zeros((n_samples, n_sentences))
+    np.add.at(weights, (np.arange(n_samples)[:, None], idx), 1)
+    return weights
 
-    ``sys_runs`` and ``base_runs`` are lists with one entry per seed: that run's per-sentence
-    statistics. Each sample draws one test set of sentences with replacement (the same for every
-    run) and, independently for each system, as many seeds as it has, with replacement; a
-    system's score on the sample is the mean BLEU of its drawn seeds on the drawn sentences. So
-    the spread between seeds enters the test as the spread between sentences does: a difference
-    that one lucky seed produced is not significant (MultEval's motivation, Clark et al. 2011,
-    here as a two-level bootstrap instead of their stratified randomisation). One-sided like
-    ``paired_bootstrap``: p = (samples where the system's mean is not above the baseline's + 1)
-    / (n_samples + 1); with one seed per system it is Koehn's paired bootstrap.
+
+def seed_means(scores, rng):
+    """One bootstrap mean over seeds per column of SCORES (seeds, samples): the seeds are drawn with
+    replacement after spreading each column's scores around their mean by sqrt(k / (k - 1)), so that
+    the drawn mean of k seeds has the variance s^2 / k of a mean of k new seeds (s^2: the sample
+    variance over seeds), where plain drawing gives (k - 1) / k of it (s^2 / 4 for two seeds)."""
+    k, n = scores.shape
+    if k > 1:
+        centre = scores.mean(0)
+        scores = centre + np.sqrt(k / (k - 1)) * (scores - centre)
+    drawn = rng.integers(0, k, size=(k, n))
+    return scores[drawn, np.arange(n)].mean(0)
+
+
+def seed_bootstrap(sys_runs, base_runs, n_samples=1000, seed=12345, score_fn=None):
+    """Significance over training seeds and test sentences together (a two-level bootstrap).
+
+    ``sys_runs`` and ``base_runs`` hold one entry per seed: that run's per-sentence statistics.
+    Each of ``n_samples`` samples draws one test set of sentences with replacement (the same for
+    every run), scores every run on it, and for each system draws as many seeds as it has, with
+    replacement, after the variance correction of ``seed_means``; a system's value is the mean of
+    its drawn seeds. So the spread between seeds enters the test as the spread between sentences
+    does, and a difference that one lucky seed produced is not significant (the motivation of
+    MultEval, Clark et al. 2011). With one seed per system no seed variance can be estimated, and
+    the test is Koehn's paired bootstrap over sentences only (``seeds`` in the result says so).
+
+    Returns the delta of the seed means on the full test set, the one-sided p of "system better"
+    ((samples with delta <= 0) + 1) / (n_samples + 1), the two-sided p (twice the smaller tail,
+    for a direction chosen from the same data, e.g. neighbours in a ranking), the 95% interval of
+    the resampled delta, and ``floor``: the smallest one-sided p these samples can give.
+    Random draws, in order: the sentences, then the system's seeds, then the baseline's.
     """
     runs = [np.asarray(r, dtype=np.float64) for r in list(sys_runs) + list(base_runs)]
     if not sys_runs or not base_runs:
-        raise ValueError("replicate bootstrap needs at least one run per system")
+        raise ValueError("the seed bootstrap needs at least one run per system")
     for r in runs[1:]:
         _check(r, runs[0])
     n = len(runs[0])
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_samples, n))
-    weights = np.zeros((n_samples, n))
-    np.add.at(weights, (np.arange(n_samples)[:, None], idx), 1)
+    weights = resample_weights(rng, n, n_samples)
 
-    def mean_of_drawn_seeds(stats_list):
-        scores = np.stack([_scores(s, weights, score_fn) for s in stats_list])  # (seeds, samples)
-        drawn = rng.integers(0, len(stats_list), size=(len(stats_list), n_samples))
-        return scores[drawn, np.arange(n_samples)].mean(0)
+    def draws(stats_list):
+        return seed_means(np.stack([_scores(s, weights, score_fn) for s in stats_list]), rng)
 
-    s_sys = mean_of_drawn_seeds(runs[:len(sys_runs)])
-    s_base = mean_of_drawn_seeds(runs[len(sys_runs):])
+    d = draws(runs[:len(sys_runs)]) - draws(runs[len(sys_runs):])
     full = np.ones((1, n))
     delta = float(np.mean([_scores(r, full, score_fn)[0] for r in runs[:len(sys_runs)]])
                   - np.mean([_scores(r, full, score_fn)[0] for r in runs[len(sys_runs):]]))
-    return {"p_value": (int(np.sum(s_sys <= s_base)) + 1) / (n_samples + 1), "delta": delta,
-            "n_samples": n_samples, "seed": seed, "test": "replicate_bootstrap",
-            "seeds": [len(sys_runs), len(base_runs)]}
+    low, high = (int(np.sum(d <= 0)) + 1), (int(np.sum(d >= 0)) + 1)
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return {"p_value": low / (n_samples + 1), "p_two_sided": min(1.0, 2 * min(low, high) / (n_samples + 1)),
+            "delta": delta, "ci95": [float(lo), float(hi)], "floor": 1 / (n_samples + 1),
+            "n_samples": n_samples, "seed": seed, "test": "seed_bootstrap", "seeds": [len(sys_runs), len(base_runs)]}
+
+
+def format_p(p, floor, two_sided=False):
+    """A p-value as text; at the floor of its resamples, the bound: '< 0.001' for 1,000 samples."""
+    bound = floor * (2 if two_sided else 1)
+    if p <= bound * (1 + 1e-9):
+        return f"< {float(f'{bound * (1 + 1e-9):.1g}'):g}"
+    return f"{p:.3f}"

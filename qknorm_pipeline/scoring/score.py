@@ -16,7 +16,7 @@ import sys
 
 from . import bleu
 from .significance import approximate_randomization, paired_bootstrap
-from ..cli import Parser, fail
+from ..cli import Parser, main as run_main, prog
 from ..files import write_atomic
 from ..paths import shareable
 
@@ -97,8 +97,12 @@ def format_table(result):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    ap = Parser(prog="python -m qknorm_pipeline.scoring", description=__doc__)
+def write_scores(path, result):
+    write_atomic(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+
+
+def parser():
+    ap = Parser(prog=prog("qknorm_pipeline.scoring"), tag="scoring", description=__doc__)
     ap.add_argument("--ref", action="append", required=True,
                     help="reference file (repeat for multiple references)")
     ap.add_argument("--sys", action="append", required=True, metavar="NAME=HYP",
@@ -116,18 +120,22 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--output", help="also write the JSON result to this file (atomically)")
-    args = ap.parse_args(argv)
-    n_samples = args.n_samples or (1000 if args.test == "bootstrap" else 10000)
-    if n_samples < 1:
-        ap.error("--n-samples must be positive")
-    try:
-        result = score_systems(args.ref, ap.named(args.sys, "--sys", "NAME=HYP"), baseline=args.baseline, detok=args.detok,
-                               lang=args.lang, metric=args.metric, test=args.test, n_samples=n_samples,
-                               seed=args.seed, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-    except bleu.ScoringError as e:
-        return fail(e, 2)
-    text = json.dumps(result, indent=2, ensure_ascii=False)
-    if args.output:
-        write_atomic(args.output, text + "\n")
-    print(text if args.json else format_table(result))
-    return 0
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
+
+    def run(args):
+        n_samples = args.n_samples or (1000 if args.test == "bootstrap" else 10000)
+        if n_samples < 1:
+            ap.error("--n-samples must be positive")
+        result = score_systems(args.ref, ap.named(args.sys, "--sys", "NAME=HYP"), baseline=args.baseline,
+                               detok=args.detok, lang=args.lang, metric=args.metric, test=args.test,
+                               n_samples=n_samples, seed=args.seed,
+                               warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+        if args.output:
+            write_scores(args.output, result)
+        print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else format_table(result))
+
+    return run_main(run, ap, argv)

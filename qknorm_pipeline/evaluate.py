@@ -1,0 +1,146 @@
+"""Decodes the test set with a trained run's checkpoint and scores it.
+
+usage: bash scripts/evaluate.sh [--verbose] [--checkpoint best|last] PAIR SYSTEM [extra fairseq-generate flags...]
+       (python -m qknorm_pipeline.evaluate takes the same arguments)
+
+  PAIR     a configs/PAIR.yaml (gl-en sk-en en-vi en-he ar-en demo), or your own pair
+           prepared with scripts/prepare.sh --src-dir
+  SYSTEM   a trained run: $CKPT_DIR/PAIR/SYSTEM/checkpoint_best.pt (scripts/train.sh PAIR SYSTEM)
+Extra flags go to fairseq-generate and win over the recipe, e.g. --beam 8, or --decode-precision
+bf16 (decoding under CUDA autocast on a GPU).
+
+Decodes $DATA_BIN/PAIR (test split) with the pair's decoding recipe (beam 4, max length = source
+length + 50, BPE or SentencePiece undone as $DATA_BIN/PAIR/stats.json says, the papers' length
+normalisation and beam search), restores the original sentence order and scores against
+$DATA_DIR/PAIR/tok/test.<tgt> with the pair's eval.metric / eval.detok (configs/PAIR.yaml). Prints
+one line when decoding starts, the progress (sentences done / total), and the score. Writes
+$RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json} (--checkpoint last: in
+its last/ subfolder). A stored result is reused only when the checkpoint, the test data, the whole
+decoding command, the scorer and the package versions are unchanged (a fingerprint in the
+folder's .done, see qknorm_pipeline/fingerprint.py); anything else decodes again.
+Exit status: 0 scored, 2 a usage error, 1 a failure.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+from . import processes, recipes
+from .cli import Parser, UsageError, UserError, log, main as run_main, prog
+from .files import write_lines
+from .fingerprint import fingerprint
+from .paths import folders, short
+from .scoring.score import score_systems, write_scores
+
+TAG = "evaluate"
+
+
+def out_dir(where, pair, run, checkpoint="best"):
+    base = os.path.join(where.results, pair, run)
+    return base if checkpoint == "best" else os.path.join(base, checkpoint)
+
+
+def score_line(scores):
+    metric = scores["metric"]
+    return ", ".join(f"{metric} {s[metric]:.2f}" for s in scores["systems"].values())
+
+
+def hypotheses(generate_out):
+    """fairseq-generate prints hypotheses by length bucket (H-<id>\\tscore\\ttext): corpus order."""
+    hyps = {}
+    with open(generate_out, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("H-"):
+                sid, _score, text = line.rstrip("\n").split("\t", 2)
+                hyps[int(sid[2:])] = text
+    return [hyps[i] for i in sorted(hyps)]
+
+
+def evaluate(pair, run, extra=(), checkpoint="best", where=None):
+    """Decode and score RUN's checkpoint (best or last); returns its scores (scores.json)."""
+    where = where or folders()
+    cfg = recipes.load(pair, os.path.join(where.data_bin, pair))
+    ckpt = os.path.join(where.ckpt, pair, run, f"checkpoint_{checkpoint}.pt")
+    data_bin = os.path.join(where.data_bin, pair)
+    ref = os.path.join(where.data, pair, "tok", f"test.{cfg.tgt}")
+    out = out_dir(where, pair, run, checkpoint)
+    if not os.path.isfile(ckpt):
+        if not os.path.isdir(os.path.dirname(ckpt)) and run not in cfg.systems:
+            raise UsageError(f"unknown system {run!r}: no {short(os.path.dirname(ckpt))}/ and not one of the systems "
+                             f"of configs/{pair}.yaml ({' '.join(cfg.systems)})")
+        raise UserError(f"no checkpoint {short(ckpt)}: train first (bash scripts/train.sh {pair} {run})")
+    if not os.path.isdir(data_bin):
+        raise UserError(f"no binarized data {short(data_bin)}: run bash scripts/prepare.sh --pair {pair}")
+    if not os.path.isfile(ref):
+        raise UserError(f"no tokenized reference {short(ref)}: run bash scripts/prepare.sh --pair {pair}")
+
+    # --required-batch-size-multiple 1: with fairseq's default of 8, fairseq-generate (fairseq-fixed
+    # 0.12.3.1) silently drops the sentences of an incomplete last batch (24 of 30 decoded).
+    gen = ["fairseq-generate", data_bin, "--path", ckpt, "--gen-subset", "test", "--max-tokens", "8000",
+           "--required-batch-size-multiple", "1", *recipes.generate_args(cfg, data_bin), *extra]
+    metric, detok, lang = cfg.eval.metric, cfg.eval.detok, cfg.tgt
+    scorer = ["score", "--metric", metric, "--detok", detok, "--lang", lang]
+    data_files = sorted(glob.glob(os.path.join(data_bin, "dict.*.txt")) + glob.glob(os.path.join(data_bin, "test.*")))
+    key = fingerprint([ckpt, ref, *data_files], gen + scorer)
+    scores_path = os.path.join(out, "scores.json")
+    if os.path.isfile(scores_path) and processes.is_done(out, key):
+        scores = read_json(scores_path)
+        log(TAG, f"{pair}/{run} already evaluated with this checkpoint and decoding command: {score_line(scores)} "
+                 f"({short(scores_path)})")
+        return scores
+    if os.path.exists(os.path.join(out, ".done")):
+        os.remove(os.path.join(out, ".done"))
+
+    with open(ref, encoding="utf-8") as f:
+        n_ref = sum(1 for _ in f)
+    generate_log = os.path.join(out, "generate.log")
+    log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}; log {short(generate_log)}")
+    processes.decode(f"{pair}/{run}", gen, os.path.join(out, "generate.out"), generate_log, n_ref,
+                     env=recipes.cpu_env(cfg))
+    hyps = hypotheses(os.path.join(out, "generate.out"))
+    hyp_path = os.path.join(out, "hyp.txt")
+    write_lines(hyp_path, hyps)
+    if len(hyps) != n_ref:
+        raise UserError(f"{short(hyp_path)} has {len(hyps)} lines but {short(ref)} has {n_ref}: fairseq-generate "
+                        f"skipped sentences (see {short(os.path.join(out, 'generate.out'))})")
+    scores = score_systems([ref], [(run, hyp_path)], detok=detok, lang=lang, metric=metric,
+                           warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    write_scores(scores_path, scores)
+    processes.mark_done(out, key)
+    log(TAG, f"{pair}/{run}: test {score_line(scores)} (detok {detok}) -> {short(scores_path)}")
+    return scores
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def parser():
+    p = Parser(prog=prog("qknorm_pipeline.evaluate"), tag=TAG, description=__doc__,
+               usage="%(prog)s [--verbose] [--checkpoint best|last] PAIR SYSTEM [extra fairseq-generate flags...]",
+               unknown_hint=" before PAIR SYSTEM; fairseq-generate flags go after PAIR SYSTEM")
+    p.add_argument("--checkpoint", choices=("best", "last"), default="best",
+                   help="decode checkpoint_best.pt (by dev BLEU, the default) or checkpoint_last.pt")
+    p.add_argument("--verbose", action="store_true", help="show fairseq-generate's whole output (= VERBOSE=1)")
+    p.add_argument("words", nargs=argparse.REMAINDER, help="PAIR SYSTEM [extra fairseq-generate flags...]")
+    return p
+
+
+def run(a):
+    if a.words[:1] == ["--"]:
+        a.words = a.words[1:]
+    if len(a.words) < 2 or a.words[0].startswith("-"):
+        raise UsageError("need PAIR and SYSTEM")
+    if a.verbose:
+        os.environ["VERBOSE"] = "1"
+    evaluate(a.words[0], a.words[1], a.words[2:], a.checkpoint)
+
+
+def main(argv=None):
+    return run_main(run, parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

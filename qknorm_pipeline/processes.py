@@ -1,0 +1,123 @@
+"""Running the external programs of a step (fairseq-train, fairseq-generate, fairseq-preprocess,
+fastBPE): their whole output goes to a log file whose path is printed, the user sees one line per
+stage and the live progress (progress.py), and a failure shows the log's last lines. Also the
+`.done` marks by which every stage knows it finished with the same settings."""
+import datetime
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+
+from . import progress
+from .cli import UsageError, UserError
+from .files import write_atomic
+from .paths import short
+
+
+def verbose():
+    return progress.verbose_env()
+
+
+def tail(path, n=15):
+    """The last N lines of a log, shown on failure (unless VERBOSE showed everything already)."""
+    if not verbose() and os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            sys.stderr.write("".join(f.readlines()[-n:]))
+
+
+def run_logged(cmd, log_path, what, env=None, cwd=None):
+    """Run CMD with its output appended to LOG_PATH (and shown with VERBOSE=1); a failure is a
+    UserError naming WHAT and the log."""
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    with open(log_path, "ab") as log:
+        if verbose():
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+            for line in proc.stdout:
+                log.write(line)
+                sys.stderr.buffer.write(line)
+            rc = proc.wait()
+        else:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd).returncode
+    if rc:
+        tail(log_path)
+        raise UserError(f"{what} failed (exit {rc}); log: {short(log_path)}")
+
+
+def _children_keep_ctrl_c():
+    """Ctrl-C reaches the child too: it stops, and we keep reading its last words into the log."""
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _refused_flag(log_path, program):
+    """fairseq's own one-line message when its argument parser refused a flag (exit 2)."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        errors = [line for line in f if re.search(r"(^|: )error: ", line)]
+    message = errors[-1].strip().split("error: ", 1)[-1] if errors else "a flag was refused"
+    return UsageError(f"{program}: {message} (full output: {short(log_path)})")
+
+
+def train(label, log_path, max_update, cmd, env=None, python_warnings="show"):
+    """A training command's whole output appended to LOG_PATH after a `# DATE COMMAND` line (one per
+    start: the wall-time segments of study.py), shown through the progress display."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with open(log_path, "a", encoding="utf-8") as f:
+        f.write(f"# {stamp} {shlex.join(map(str, cmd))}\n")
+    old = _children_keep_ctrl_c()
+    try:
+        proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        progress.train(progress.options("train", log_path, label, "train", max_update=max_update,
+                                        python_warnings=python_warnings), proc.stdout)
+        rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if rc == 2:
+        raise _refused_flag(log_path, "fairseq-train")
+    if rc:
+        tail(log_path)
+        raise UserError(f"training {label} failed (exit {rc}); full log: {short(log_path)}")
+
+
+def decode(label, cmd, out_path, log_path, total, env=None):
+    """fairseq-generate's standard output into OUT_PATH (written whole or not at all), its log into
+    LOG_PATH, the progress counted from its S- lines."""
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    tmp = f"{out_path}.tmp.{os.getpid()}"
+    old = _children_keep_ctrl_c()
+    try:
+        with open(log_path, "wb") as err:
+            proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE,
+                                    stderr=None if verbose() else err, env=env)
+            progress.decode(progress.options("decode", tmp, label, "evaluate", total=total), proc.stdout)
+            rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if rc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if rc == 2:
+            raise _refused_flag(log_path, "fairseq-generate")
+        tail(log_path)
+        raise UserError(f"fairseq-generate failed (exit {rc}); full log: {short(log_path)}")
+    os.replace(tmp, out_path)
+
+
+# --- done marks -------------------------------------------------------------------------------
+
+def mark_done(folder, key=""):
+    """Record (atomically, in FOLDER/.done) that the stage in FOLDER finished with the settings KEY."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    write_atomic(os.path.join(folder, ".done"), (f"{key}\n" if key else "") + stamp + "\n")
+
+
+def is_done(folder, key=None):
+    """The stage in FOLDER finished (with the settings KEY, when given)."""
+    path = os.path.join(folder, ".done")
+    if not os.path.isfile(path):
+        return False
+    if key is None:
+        return True
+    with open(path, encoding="utf-8") as f:
+        return f.readline().rstrip("\n") == key

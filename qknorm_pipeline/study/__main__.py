@@ -1,0 +1,108 @@
+"""The real-data study: our normalisation presets and stock fairseq trained on TED gl->en with the
+same data, model size and number of updates, several seeds each, and each also at a multiple of
+its peak learning rate; test decoding alike; a report of test BLEU with significance tests over
+seeds and sentences, training wall time and dev-BLEU curves.
+
+usage: bash scripts/study.sh [--config FILE] [--systems "a b"] [--seeds N] [--max-update N]
+                             [--report-only] [--dry-run] [--verbose]
+       (python -m qknorm_pipeline.study takes the same arguments)
+
+Steps, each resumable (the study spans sessions; re-run the same command to go on):
+  1. the corpus at the config's source_dir prepared into the study's own $DATA_DIR/NAME and
+     $DATA_BIN/NAME (skipped when done)
+  2. every run (qknorm_pipeline/study/runs.py): trained, its best-dev and last checkpoints decoded,
+     its record written to $RESULTS_DIR/NAME/runs/PAIR/RUN/ (kept in git)
+  3. the report from the records: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png
+Runs: checkpoints $CKPT_DIR/NAME/PAIR/RUN, log $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs
+$RESULTS_DIR/NAME/PAIR/RUN (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K, SYSTEM_lrMx for
+seed 1 at M times the peak learning rate).
+Exit status: 0 ok, 2 a usage error, 1 a failure.
+"""
+import os
+import shlex
+import sys
+import time
+
+from ..cli import Parser, UsageError, log, main as run_main, prog
+from ..paths import ROOT, folders, short
+from . import config, report, runs
+
+TAG = "study"
+DEFAULT = os.path.join(ROOT, "configs", "studies", "gl-en.yaml")
+
+
+def prepare_data(cfg, where):
+    """The study's corpus, prepared into its own folders; also for --report-only (the records'
+    scores name the reference test set it holds)."""
+    from ..prepare import prepare
+    from ..reproduce import into_log
+
+    src = config.source_dir(cfg)
+    for split in ("train", "dev", "test"):
+        for lang in cfg.pair.split("-"):
+            if not os.path.isfile(os.path.join(src, f"{split}.{lang}")):
+                raise UsageError(f"missing {os.path.join(src, f'{split}.{lang}')}: the study needs its corpus there "
+                                 f"(source_dir in {cfg.config})")
+    data_log = os.path.join(where.logs, cfg.pair, "data.log")
+    os.makedirs(os.path.dirname(data_log), exist_ok=True)
+    t0 = time.time()
+    with into_log(data_log):
+        prepare(cfg.pair, src_dir=src, tokenized=True, where=where)
+    log(TAG, f"data: {short(os.path.join(where.data_bin, cfg.pair))} ready in {time.time() - t0:.0f} s "
+             f"(log {short(data_log)})")
+
+
+def parser():
+    p = Parser(prog=prog("qknorm_pipeline.study"), tag=TAG, description=__doc__)
+    p.add_argument("--config", default=DEFAULT, help="the study (default configs/studies/gl-en.yaml: model size, "
+                                                     "budget, systems, seeds, the stock rows' recipe)")
+    p.add_argument("--systems", help='a subset of the config\'s systems, "a b" (ours and its stock rows)')
+    p.add_argument("--seeds", type=int, help="seeds 1..N of every chosen system (default: each system's seeds)")
+    p.add_argument("--runs", help='only these runs of the chosen systems and seeds, "RUN1 RUN2" (e.g. qknorm_seed3 '
+                                  "postnorm_lr2x)")
+    p.add_argument("--max-update", type=int, help="a smaller budget for a smoke run; its runs and results go to "
+                                                  "folders named NAME-uN, apart from the study's")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild the report from the records of the chosen runs (every one must be finished); "
+                        "it needs the corpus at source_dir, whose prepared test set is the reference")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every run's state (same, more-updates, different: ..., to train) and the "
+                        "command.txt its record would hold; train nothing")
+    p.add_argument("--verbose", action="store_true", help="every tool's whole output (= VERBOSE=1)")
+    return p
+
+
+def run(a, invocation):
+    if a.verbose:
+        os.environ["VERBOSE"] = "1"
+    for flag, value in (("--seeds", a.seeds), ("--max-update", a.max_update)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    cfg = config.load(a.config)
+    name = cfg.name + (f"-u{a.max_update}" if a.max_update else "")
+    where = folders().under(name)
+    chosen = config.runs(cfg, a.systems.split() if a.systems else None, a.seeds)
+    if a.runs:
+        unknown = [r for r in a.runs.split() if r not in {c.name for c in chosen}]
+        if unknown:
+            raise UsageError(f"--runs: {' '.join(unknown)} not among the study's runs ({' '.join(c.name for c in chosen)})")
+        chosen = [c for c in chosen if c.name in a.runs.split()]
+    prepare_data(cfg, where)
+    records_dir = os.path.join(where.results, "runs", cfg.pair)
+    if not a.report_only:
+        runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run)
+    if a.dry_run:
+        return
+    md = report.write(cfg, chosen, where, records_dir, a.max_update, invocation)
+    with open(md, encoding="utf-8") as f:
+        print(f.read())
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    invocation = shlex.join(["bash", "scripts/study.sh", *argv])
+    return run_main(lambda a: run(a, invocation), parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""A study's structured config (configs/studies/*.yaml), its runs and their training commands."""
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+from .. import recipes
+from ..cli import UsageError
+from ..paths import ROOT, shareable
+
+
+class StudyError(UsageError):
+    """A study that cannot run or be reported as asked: the message names the fix."""
+
+
+@dataclass
+class Model:
+    embed_dim: int = "???"
+    ffn_dim: int = "???"
+    layers: int = "???"
+    heads: int = "???"
+
+
+@dataclass
+class Budget:
+    max_update: int = "???"
+    warmup_updates: int = "???"
+    validate_every: int = "???"
+
+
+@dataclass
+class DevBleu:
+    beam: int = 1
+    max_len_a: int = 1
+    max_len_b: int = 50
+
+
+@dataclass
+class Ours:
+    """One of our systems: a preset with the pair's recipe."""
+
+    arch: str = "???"
+    stopping: str = "???"
+    seeds: int = "???"
+
+
+@dataclass
+class StockRow:
+    seeds: int = "???"
+    flags: Dict[str, Any] = field(default_factory=dict)  # added to the stock recipe's flags
+
+
+@dataclass
+class Stock:
+    flags: Dict[str, Any] = field(default_factory=dict)  # fairseq's own recipe, plain fairseq-train
+    rows: Dict[str, StockRow] = field(default_factory=dict)
+
+
+@dataclass
+class Study:
+    name: str = "???"
+    pair: str = "???"
+    source_dir: str = "???"
+    model: Model = field(default_factory=Model)
+    budget: Budget = field(default_factory=Budget)
+    dev_bleu: DevBleu = field(default_factory=DevBleu)
+    schedule: str = "???"
+    systems: Dict[str, Ours] = field(default_factory=dict)
+    stock: Stock = field(default_factory=Stock)
+    lr_multipliers: List[float] = field(default_factory=list)
+    config: str = ""  # the file, as the report names it
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    system: str
+    seed: int
+    lr_multiplier: float
+    stock: bool
+
+
+def load(path):
+    import yaml
+
+    if not os.path.isfile(path):
+        raise StudyError(f"study config {path!r} not found (see configs/studies/)")
+    with open(path, encoding="utf-8") as f:
+        layer = yaml.safe_load(f) or {}
+    cfg = recipes.structured(Study, [layer, {"config": shareable(path)}], shareable(path))
+    for system in cfg.systems:
+        if system in cfg.stock.rows:
+            raise StudyError(f"{shareable(path)}: {system!r} is both one of ours and a stock row")
+    return cfg
+
+
+def all_systems(cfg):
+    return [*cfg.systems, *cfg.stock.rows]
+
+
+def run_name(system, seed, multiplier=1.0):
+    """SYSTEM for seed 1, SYSTEM_seedK for seed K, SYSTEM_lrMx for the peak LR times M (seed 1)."""
+    if multiplier != 1.0:
+        return f"{system}_lr{multiplier:g}x"
+    return system if seed == 1 else f"{system}_seed{seed}"
+
+
+def runs(cfg, systems=None, seeds=None, multipliers=True):
+    """The study's runs in the order they train: seed by seed over every system, then each system at
+    each LR multiplier (seed 1). SYSTEMS and SEEDS (the highest seed) restrict them."""
+    systems = systems or all_systems(cfg)
+    for s in systems:
+        if s not in all_systems(cfg):
+            raise StudyError(f"--systems: {s!r} is not in {cfg.config} (have: {' '.join(all_systems(cfg))})")
+    count = {s: cfg.systems[s].seeds if s in cfg.systems else cfg.stock.rows[s].seeds for s in systems}
+    top = max(count.values())
+    out = [Run(run_name(s, k), s, k, 1.0, s in cfg.stock.rows)
+           for k in range(1, top + 1) for s in systems if k <= (seeds or count[s])]
+    if multipliers:
+        out += [Run(run_name(s, 1, m), s, 1, m, s in cfg.stock.rows) for m in cfg.lr_multipliers for s in systems]
+    return out
+
+
+def budget(cfg, max_update=None):
+    """(updates, warmup updates, validation interval) of the study, or of a --max-update override
+    (a smoke run: warmup and interval scaled with it). The study's own warmup is a fixed number
+    of updates, so that no schedule depends on max_update: raising it continues every run."""
+    b = cfg.budget
+    n = int(max_update or b.max_update)
+    if n < 1:
+        raise StudyError(f"--max-update must be >= 1, got {n}")
+    if max_update is None:
+        return n, b.warmup_updates, b.validate_every
+    scale = n / b.max_update
+    return n, max(1, round(b.warmup_updates * scale)), max(1, round(b.validate_every * scale))
+
+
+def model_flags(m):
+    d, ffn, layers, heads = (str(x) for x in (m.embed_dim, m.ffn_dim, m.layers, m.heads))
+    return ["--encoder-embed-dim", d, "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn,
+            "--decoder-ffn-embed-dim", ffn, "--encoder-layers", layers, "--decoder-layers", layers,
+            "--encoder-attention-heads", heads, "--decoder-attention-heads", heads]
+
+
+def schedule_flags(cfg, max_update=None):
+    n, warmup, interval = budget(cfg, max_update)
+    dev = {"beam": cfg.dev_bleu.beam, "max_len_a": cfg.dev_bleu.max_len_a, "max_len_b": cfg.dev_bleu.max_len_b}
+    return ["--max-update", str(n), "--warmup-updates", str(warmup), "--validate-interval-updates", str(interval),
+            "--save-interval-updates", str(interval), "--eval-bleu-args", json.dumps(dev)]
+
+
+def recipe(cfg, data_bin=None):
+    """The pair's recipe with the study's systems in place of the recipe's own (configs/studies/*.yaml
+    says why each differs)."""
+    rec = recipes.load(cfg.pair, data_bin)
+    rec.systems = {name: recipes.System(arch=s.arch, stopping=s.stopping) for name, s in cfg.systems.items()}
+    return rec
+
+
+def peak(cfg, rec):
+    """The peak LR our systems get: the recipe schedule's own (TwT's rule with the recipe's warmup
+    of 8,000 at the study's d), only reached sooner (configs/studies/gl-en.yaml says why)."""
+    _, sched = recipes.schedule(rec, cfg.schedule)
+    if sched.lr_scale is not None:
+        return recipes.peak_lr(sched.lr_scale, cfg.model.embed_dim, sched.warmup_updates)
+    return sched.lr
+
+
+def train_flags(cfg, run, rec, max_update=None):
+    """Flags that turn the recipe of one of our systems into the study's: model size, budget, warmup,
+    validation, and the peak LR (times the run's multiplier)."""
+    if run.system not in cfg.systems:
+        raise StudyError(f"{run.system!r} is not one of the study's systems: {', '.join(all_systems(cfg))}")
+    lr = peak(cfg, rec) * run.lr_multiplier
+    return [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--lr", f"{lr:.6g}"]
+
+
+def stock_args(cfg, run, rec, data_bin, save_dir, max_update=None):
+    """fairseq-train's arguments for a stock row: fairseq's own recipe, no plugin."""
+    flags = {**cfg.stock.flags, **cfg.stock.rows[run.system].flags}
+    if run.lr_multiplier != 1.0:
+        flags["lr"] = f"{float(flags['lr']) * run.lr_multiplier:g}"
+    args = [data_bin, "--source-lang", rec.src, "--target-lang", rec.tgt]
+    for key, value in flags.items():
+        args += recipes.flag(key, value)
+    args += [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--seed", str(run.seed),
+             "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
+             "--eval-bleu", "--eval-bleu-remove-bpe", recipes.remove_bpe(rec, data_bin), "--eval-tokenized-bleu",
+             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
+             "--log-format", "json", "--log-interval", str(rec.train.log_interval), "--save-dir", save_dir]
+    return args
+
+
+def source_dir(cfg):
+    return cfg.source_dir if os.path.isabs(cfg.source_dir) else os.path.join(ROOT, cfg.source_dir)

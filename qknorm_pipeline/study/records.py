@@ -1,0 +1,136 @@
+"""A finished run's record, and what its training log says.
+
+The record, $RESULTS_DIR/NAME/runs/PAIR/RUN/, is kept in git (.gitignore) and is all the report
+reads, so a study spanning sessions survives a fresh clone where checkpoints and logs are gone:
+train.log, the test hypotheses and scores of the best-dev checkpoint (hyp.txt, scores.json) and of
+the last one (last/), and command.txt, how the run was made without this machine's paths:
+
+    train: LAUNCHER FAIRSEQ-TRAIN-ARGUMENTS...
+    decode: FAIRSEQ-GENERATE-ARGUMENTS... --metric M --detok D
+
+Wall time of a run: its train.log holds fairseq's console output, whose lines carry timestamps,
+after a `# DATE COMMAND` line at every (re)start. Each start is one segment; its time is its last
+timestamp minus its first, and a run's wall time is the sum over its segments (training, validation
+and checkpoint saving; Python's start-up before fairseq's first line is not counted). fairseq's own
+"wall" field is not used: it restarts at every resumption. A validation's place on the time axis is
+the time of the segments before it plus its offset in its own segment; when a resumed run
+validates an update again, the later validation is kept.
+"""
+import os
+import re
+import shlex
+import shutil
+from datetime import datetime
+
+from ..fairseq_log import parse_line
+from ..paths import ROOT
+from .config import StudyError
+
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
+
+
+def _lines(text):
+    """{'train': words, 'decode': words} of a command.txt; an older record's `study:` line (the
+    train.sh command that the train line expands) is not compared."""
+    out = {}
+    for line in text.strip().splitlines():
+        key, _, rest = line.partition(": ")
+        if key in ("train", "decode"):
+            words = shlex.split(rest)
+            if key == "train":
+                # the launcher (python -m <entry point>, fairseq-train, torchrun ...) is not the run:
+                # fairseq-train's arguments start at the data folder
+                start = next((i for i, w in enumerate(words) if w.startswith("$DATA_BIN")), 0)
+                words = words[start:]
+            out[key] = words
+    return out
+
+
+def record_change(old, new):
+    """How a run's record (its command.txt) stands against the command the study would run now:
+    'same'; 'more-updates' when the one difference is a larger --max-update (a raised budget
+    continues the run from its checkpoints); otherwise 'different: ...' naming the first difference."""
+    a, b = _lines(old), _lines(new)
+    if sorted(a) != sorted(b):
+        return f"different: the record has {' and '.join(sorted(a)) or 'no'} lines, now {' and '.join(sorted(b))}"
+    more = False
+    for key in sorted(a):
+        ta, tb = a[key], b[key]
+        if len(ta) != len(tb):
+            return f"different: {key} line has {len(ta)} words against {len(tb)}"
+        for i, (x, y) in enumerate(zip(ta, tb)):
+            if x == y:
+                continue
+            if i and ta[i - 1] == "--max-update" and x.isdigit() and y.isdigit() and int(y) > int(x):
+                more = True
+                continue
+            return f"different: {key}: ... {ta[i - 1] if i else ''} {x!r} now {y!r}"
+    return "more-updates" if more else "same"
+
+
+def write_record(rec_dir, log_path, best_dir, last_dir, command):
+    """The finished run's record, written whole or not at all."""
+    parent = os.path.dirname(os.path.dirname(rec_dir))  # outside PAIR/, where compare looks
+    tmp = os.path.join(parent, f".{os.path.basename(rec_dir)}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with open(log_path, encoding="utf-8") as f:  # without this checkout's location
+            log_text = f.read().replace(ROOT + os.sep, "")
+        with open(os.path.join(tmp, "train.log"), "w", encoding="utf-8") as f:
+            f.write(log_text)
+        for src, dst in ((best_dir, tmp), (last_dir, os.path.join(tmp, "last"))):
+            if src and os.path.isfile(os.path.join(src, "scores.json")):
+                os.makedirs(dst, exist_ok=True)
+                for name in ("hyp.txt", "scores.json"):
+                    shutil.copy(os.path.join(src, name), dst)
+        with open(os.path.join(tmp, "command.txt"), "w", encoding="utf-8") as f:
+            f.write(command + "\n")
+        shutil.rmtree(rec_dir, ignore_errors=True)
+        os.makedirs(os.path.dirname(rec_dir), exist_ok=True)
+        os.replace(tmp, rec_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_run(path):
+    """{'wall_s', 'segments', 'updates', 'curve': [{'updates', 'wall_s', 'bleu'}], 'commands'} of one
+    run's train.log (see the module docstring)."""
+    if not os.path.isfile(path):
+        raise StudyError(f"no train log {path!r}: train the run first (bash scripts/study.sh)")
+    segments, commands = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("# "):
+                segments.append({"first": None, "last": None, "valid": [], "updates": 0})
+                # the command without this checkout's location, which results must not name
+                commands.append(line[2:].strip().partition(" ")[2].replace(ROOT + os.sep, ""))
+                continue
+            m = STAMP.match(line)
+            if not m:
+                continue
+            if not segments:
+                raise StudyError(f"{path}: log lines before the first '# DATE COMMAND' line; not written by "
+                                 "scripts/train.sh or scripts/study.sh")
+            t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            seg = segments[-1]
+            seg["first"] = t if seg["first"] is None else seg["first"]
+            seg["last"] = t
+            parsed = parse_line(line)
+            if parsed is None:
+                continue
+            rec = parsed[1]
+            if "valid_bleu" in rec:
+                seg["valid"].append((t, int(rec["valid_num_updates"]), float(rec["valid_bleu"])))
+            for key in ("num_updates", "valid_num_updates", "train_num_updates"):
+                if key in rec:
+                    seg["updates"] = max(seg["updates"], int(rec[key]))
+    wall, points = 0.0, {}
+    for seg in segments:
+        if seg["first"] is None:
+            continue
+        for t, updates, bleu in seg["valid"]:
+            points[updates] = {"updates": updates, "wall_s": wall + t - seg["first"], "bleu": bleu}
+        wall += seg["last"] - seg["first"]
+    return {"wall_s": wall, "segments": len(segments), "updates": max([s["updates"] for s in segments] or [0]),
+            "curve": [points[u] for u in sorted(points)], "commands": commands}

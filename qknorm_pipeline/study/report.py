@@ -1,0 +1,275 @@
+"""The study's report from its records: study.md, study.json and dev_bleu.png.
+
+- Test BLEU of every system at the recipes' learning rates: mean ± sample sd over seeds with each
+  seed's score, for the best-dev checkpoint (picked by greedy dev BLEU, decoded with beam 4) and
+  for the last checkpoint.
+- Every pair of neighbours in the ranking tested with the seed bootstrap (scoring/significance.py):
+  delta, its 95% interval and the two-sided p; a pair is resolved when the interval excludes 0.
+- Each system at its peak LR and at a multiple of it (seed 1), the rankings at both, and the
+  orderings that hold at both.
+- Training wall time per run and the dev-BLEU curves.
+"""
+import json
+import os
+import platform
+from datetime import datetime
+
+from ..files import write_atomic
+from ..paths import cpu_name, shareable
+from ..scoring.compare import fmt_mean_sd, mean_sd
+from ..scoring.score import score_runs
+from ..scoring.significance import format_p, seed_bootstrap
+from . import config
+from .config import StudyError
+from .records import read_run
+
+METRIC = "multi_bleu_detok"
+N_SAMPLES = 10000
+
+
+def machine():
+    try:
+        import torch
+
+        kernels = f"; torch {torch.__version__}, {torch.get_num_threads()} threads, " \
+                  f"{torch.backends.cpu.get_cpu_capability()} kernels"
+    except ImportError:
+        kernels = ""
+    return f"{cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}{kernels}"
+
+
+def _score(ref, hyps, detok, lang):
+    """{run: scores} and {run: per-sentence stats of METRIC and multi_bleu} of (run, hyp path)s."""
+    if not hyps:
+        return {}, {}
+    scores, stats, _ = score_runs([ref], hyps, detok, lang)
+    return scores, stats
+
+
+def collect(cfg, chosen, records_dir, ref, rec):
+    """Per run: its record's scores (best and last checkpoint), per-sentence statistics, log."""
+    missing = [r.name for r in chosen if not os.path.isfile(os.path.join(records_dir, r.name, "command.txt"))]
+    if missing:
+        raise StudyError(f"no record of {', '.join(missing)} in {shareable(records_dir)}/: finish them first "
+                         "(bash scripts/study.sh), or report fewer systems or seeds (--systems, --seeds)")
+    detok, lang = rec.eval.detok, rec.tgt
+    best = [(r.name, os.path.join(records_dir, r.name, "hyp.txt")) for r in chosen]
+    last = [(r.name, os.path.join(records_dir, r.name, "last", "hyp.txt")) for r in chosen
+            if os.path.isfile(os.path.join(records_dir, r.name, "last", "hyp.txt"))]
+    scores, stats = _score(ref, best, detok, lang)
+    last_scores, _ = _score(ref, last, detok, lang)
+    out = {}
+    for r in chosen:
+        log = read_run(os.path.join(records_dir, r.name, "train.log"))
+        curve = log["curve"]
+        # fairseq keeps a checkpoint_best.pt when a validation is >= the best so far: the last
+        # checkpoint is the best one when the last validation is a (tied) maximum
+        best_is_last = bool(curve) and curve[-1]["bleu"] >= max(p["bleu"] for p in curve)
+        last_value = last_scores.get(r.name, {}).get(METRIC)
+        out[r.name] = {"run": r, "test": scores[r.name], "stats": stats[r.name][METRIC], "log": log,
+                       "last": last_value if last_value is not None else (scores[r.name][METRIC] if best_is_last
+                                                                          else None),
+                       "last_source": "decoded" if last_value is not None else ("best" if best_is_last else None)}
+    return out
+
+
+def seeds_of(found, system):
+    return {v["run"].seed: v for v in found.values() if v["run"].system == system and v["run"].lr_multiplier == 1}
+
+
+def main_rows(cfg, found):
+    rows = []
+    for system in config.all_systems(cfg):
+        by_seed = dict(sorted(seeds_of(found, system).items()))
+        if not by_seed:
+            continue
+        row = {"system": system, "seeds": list(by_seed)}
+        for m in ("multi_bleu", METRIC):
+            values = [v["test"][m] for v in by_seed.values()]
+            row[m] = mean_sd(values)
+            row[m + "_per_seed"] = values
+        lasts = [v["last"] for v in by_seed.values()]
+        row["last"] = mean_sd(lasts) if None not in lasts else None
+        row["last_per_seed"] = lasts
+        row["best_dev"] = mean_sd([max(p["bleu"] for p in v["log"]["curve"]) for v in by_seed.values()])
+        row["wall_min"] = mean_sd([v["log"]["wall_s"] / 60 for v in by_seed.values()])
+        row["wall_per_seed"] = [v["log"]["wall_s"] / 60 for v in by_seed.values()]
+        row["updates"] = [v["log"]["updates"] for v in by_seed.values()]
+        rows.append(row)
+    return rows
+
+
+def neighbours(rows, found):
+    """The seed bootstrap between each pair of neighbours in the ranking by mean METRIC."""
+    ranked = sorted(rows, key=lambda r: -r[METRIC][0])
+    tests = []
+    for hi, lo in zip(ranked, ranked[1:]):
+        a = [v["stats"] for v in seeds_of(found, hi["system"]).values()]
+        b = [v["stats"] for v in seeds_of(found, lo["system"]).values()]
+        res = seed_bootstrap(a, b, n_samples=N_SAMPLES, seed=12345)
+        lo95, hi95 = res["ci95"]
+        tests.append({"pair": [hi["system"], lo["system"]], "seeds": res["seeds"], "delta": res["delta"],
+                      "ci95": res["ci95"], "p_two_sided": res["p_two_sided"],
+                      "p_text": format_p(res["p_two_sided"], res["floor"], two_sided=True),
+                      "resolved": lo95 > 0 or hi95 < 0})
+    return ranked, tests
+
+
+def lr_rows(cfg, found):
+    """Each system at seed 1 for every LR multiplier (1 included)."""
+    rows = []
+    for system in config.all_systems(cfg):
+        runs = {v["run"].lr_multiplier: v for v in found.values() if v["run"].system == system and v["run"].seed == 1}
+        if len(runs) > 1:
+            rows.append({"system": system, "by_lr": {m: {"test": v["test"][METRIC], "multi_bleu": v["test"]["multi_bleu"],
+                                                         "best_dev": max(p["bleu"] for p in v["log"]["curve"]),
+                                                         "run": v["run"].name} for m, v in sorted(runs.items())}})
+    return rows
+
+
+def lr_conclusions(rows):
+    """The rankings at each multiplier and the pairwise orderings that hold at every one."""
+    multipliers = sorted({m for r in rows for m in r["by_lr"]})
+    rankings = {m: [r["system"] for r in sorted(rows, key=lambda r: -r["by_lr"][m]["test"]) if m in r["by_lr"]]
+                for m in multipliers}
+    hold = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            diffs = [a["by_lr"][m]["test"] - b["by_lr"][m]["test"] for m in multipliers
+                     if m in a["by_lr"] and m in b["by_lr"]]
+            if diffs and all(d > 0 for d in diffs):
+                hold.append((a["system"], b["system"]))
+            elif diffs and all(d < 0 for d in diffs):
+                hold.append((b["system"], a["system"]))
+    return rankings, hold
+
+
+def plot(found, out, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..plots import _save
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    systems = list(dict.fromkeys(v["run"].system for v in found.values()))
+    for v in found.values():
+        r, curve = v["run"], v["log"]["curve"]
+        style = "--" if r.lr_multiplier != 1 else ["-", ":", "-.", (0, (1, 1))][(r.seed - 1) % 4]
+        label = f"{r.system} seed {r.seed}" if r.lr_multiplier == 1 else f"{r.system} {r.lr_multiplier:g}x LR"
+        kw = {"color": colours[systems.index(r.system) % len(colours)], "ls": style, "marker": ".", "label": label,
+              "lw": 1}
+        axes[0].plot([p["updates"] for p in curve], [p["bleu"] for p in curve], **kw)
+        axes[1].plot([p["wall_s"] / 60 for p in curve], [p["bleu"] for p in curve], **kw)
+    axes[0].set_xlabel("updates")
+    axes[1].set_xlabel("training wall time, minutes (validation included)")
+    for ax in axes:
+        ax.set_ylabel("dev BLEU (greedy)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=6, ncol=2)
+    fig.suptitle(title)
+    return _save(fig, out)
+
+
+def per_seed(values, digits=2):
+    return " (" + ", ".join("n/a" if v is None else f"{v:.{digits}f}" for v in values) + ")" if len(values) > 1 else ""
+
+
+def markdown(cfg, rows, ranked, tests, lrs, rankings, hold, found, n, warmup, interval, command, signature, peak_lr):
+    m = cfg.model
+    lines = [f"# {cfg.name}: TED gl→en, {len(rows)} systems", "",
+             f"Command: `{command}`  ", f"Machine: {machine()}  ",
+             f"Date: {datetime.now().astimezone().isoformat(timespec='seconds')}  ",
+             f"Settings: {cfg.config}; d = {m.embed_dim}, {m.layers}+{m.layers} layers, {m.heads} heads, ffn "
+             f"{m.ffn_dim}; {n} updates of at most 4,096 tokens; warmup {warmup}; greedy dev BLEU every {interval} "
+             f"updates picks checkpoint_best.pt; test: beam 4, GNMT α 0.6, the TwT search, for every system. Data: "
+             f"{cfg.source_dir} (its own split, not the papers').", "",
+             "## Test BLEU at the recipes' learning rates", "",
+             "| system | seeds | multi-bleu | multi-bleu-detok | last checkpoint (detok) | best dev BLEU |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        last = (fmt_mean_sd(*r["last"]) if r["last"] else "") + per_seed(r["last_per_seed"])
+        lines.append(f"| {r['system']} | {len(r['seeds'])} | {fmt_mean_sd(*r['multi_bleu'])}"
+                     f"{per_seed(r['multi_bleu_per_seed'])} | {fmt_mean_sd(*r[METRIC])}{per_seed(r[METRIC + '_per_seed'])}"
+                     f" | {last or 'n/a'} | {fmt_mean_sd(*r['best_dev'])} |")
+    lines += ["", "Mean over seeds ± sample standard deviation, each seed's value in brackets. multi-bleu: "
+              "multi-bleu.perl on the tokenized text; multi-bleu-detok: multi-bleu-detok.perl after Moses "
+              f"detokenization, which is SacreBLEU ({signature}). The test columns decode checkpoint_best.pt, the "
+              "checkpoint with the best greedy dev BLEU; 'last checkpoint' decodes checkpoint_last.pt alike (where "
+              "the last validation was the best one they are the same checkpoint; n/a: a run recorded before "
+              "the study kept its last checkpoint's output, whose best one came earlier).", "",
+              "## Which differences the design resolves", "",
+              f"Ranking by mean multi-bleu-detok: {' > '.join(r['system'] for r in ranked)}.", "",
+              "| pair | seeds | delta | 95% interval | p (two-sided) | resolved |", "|---|---|---|---|---|---|"]
+    for t in tests:
+        lo, hi = t["ci95"]
+        lines.append(f"| {t['pair'][0]} vs {t['pair'][1]} | {t['seeds'][0]} vs {t['seeds'][1]} | {t['delta']:+.2f} | "
+                     f"[{lo:+.2f}, {hi:+.2f}] | {t['p_text']} | {'yes' if t['resolved'] else 'no'} |")
+    lines += ["", f"Seed bootstrap (qknorm_pipeline/scoring/significance.py): {N_SAMPLES:,} samples, each a test set "
+              "of sentences drawn with replacement and, per system, its seeds drawn with replacement after a "
+              "correction that keeps the variance of a seed mean at s²/k; two-sided, since the ranking "
+              "that names the pairs comes from the same data. A pair is resolved when its 95% interval "
+              "excludes 0. With one seed a system's seed variance is unknown and its test is over "
+              "sentences only.", ""]
+    if lrs:
+        mults = sorted({mm for r in lrs for mm in r["by_lr"]})
+        lines += ["## Each system at its peak learning rate and at a multiple of it (seed 1)", "",
+                  "| system | " + " | ".join(f"{mm:g}× LR: multi-bleu-detok (dev)" for mm in mults) + " |",
+                  "|---|" + "---|" * len(mults)]
+        for r in lrs:
+            cells = [f"{r['by_lr'][mm]['test']:.2f} ({r['by_lr'][mm]['best_dev']:.2f})" if mm in r["by_lr"] else ""
+                     for mm in mults]
+            lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
+        lines += ["", f"Our systems' peak is {peak_lr:.3g} at 1×; the stock rows' is fairseq's IWSLT recipe's "
+                  "(configs/studies/gl-en.yaml), each times the same multiple. One seed per cell: a difference "
+                  "here is not tested against seed variance.", ""]
+        lines += [f"- Ranking at {mm:g}×: {' > '.join(rk)}" for mm, rk in rankings.items()]
+        lines += [f"- Orderings that hold at every learning rate: {', '.join(f'{a} > {b}' for a, b in hold) or 'none'}",
+                  ""]
+    lines += ["## Training wall time", "", "| system | updates per seed | wall time per run, min | updates/s |",
+              "|---|---|---|---|"]
+    for r in rows:
+        ups = [u / (w * 60) for u, w in zip(r["updates"], r["wall_per_seed"]) if w]
+        lines.append(f"| {r['system']} | {' '.join(map(str, r['updates']))} | {fmt_mean_sd(*r['wall_min'], 1)}"
+                     f"{per_seed(r['wall_per_seed'], 1)} | {sum(ups) / len(ups):.2f} |")
+    extra = [v for v in found.values() if v["run"].lr_multiplier != 1]
+    for v in extra:
+        lines.append(f"| {v['run'].name} | {v['log']['updates']} | {v['log']['wall_s'] / 60:.1f} | "
+                     f"{v['log']['updates'] / max(v['log']['wall_s'], 1e-9):.2f} |")
+    total = sum(v["log"]["wall_s"] for v in found.values()) / 60
+    lines += ["", f"Total training time: {total:.1f} min over {len(found)} runs (from the logs' timestamps; "
+              "validation included, test decoding not). Curves: dev_bleu.png (against updates and wall time).", ""]
+    return "\n".join(lines)
+
+
+def write(cfg, chosen, where, records_dir, max_update=None, command=None):
+    rec = config.recipe(cfg, os.path.join(where.data_bin, cfg.pair))
+    ref = os.path.join(where.data, cfg.pair, "tok", f"test.{rec.tgt}")
+    if not os.path.isfile(ref):
+        raise StudyError(f"no reference {ref}: prepare the study's data first (bash scripts/study.sh --report-only)")
+    found = collect(cfg, chosen, records_dir, ref, rec)
+    rows = main_rows(cfg, found)
+    ranked, tests = neighbours(rows, found)
+    lrs = lr_rows(cfg, found)
+    rankings, hold = lr_conclusions(lrs) if lrs else ({}, [])
+    n, warmup, interval = config.budget(cfg, max_update)
+    signature = next(iter(found.values()))["test"]["sacrebleu_signature"]
+    out = where.results
+    plot(found, os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
+    text = markdown(cfg, rows, ranked, tests, lrs, rankings, hold, found, n, warmup, interval, command, signature,
+                    config.peak(cfg, rec))
+    result = {"name": cfg.name, "max_update": n, "warmup_updates": warmup, "validate_every": interval,
+              "machine": machine(), "command": command, "metric": METRIC, "sacrebleu_signature": signature,
+              "systems": rows, "neighbours": tests, "lr": lrs, "rankings": {f"{k:g}": v for k, v in rankings.items()},
+              "hold_at_every_lr": hold,
+              "runs": {name: {"system": v["run"].system, "seed": v["run"].seed, "lr_multiplier": v["run"].lr_multiplier,
+                              "test": {k: v["test"][k] for k in ("multi_bleu", METRIC, "sacrebleu")},
+                              "last": v["last"], "last_source": v["last_source"],
+                              **{k: v["log"][k] for k in ("wall_s", "segments", "updates", "curve", "commands")}}
+                       for name, v in found.items()}}
+    write_atomic(os.path.join(out, "study.json"), json.dumps(result, indent=1) + "\n")
+    md = os.path.join(out, "study.md")
+    write_atomic(md, text)
+    return md

@@ -1,0 +1,112 @@
+"""Training, evaluating and recording every run of a study, resumable across sessions.
+
+A run whose record was made by the same command is skipped; one whose record differs only by a
+smaller --max-update continues from its checkpoints; any other difference stops the study (move
+the record away to redo the run). Each run: train (our systems: the train step with the study's
+flags; stock rows: plain fairseq-train without --user-dir), resumed from checkpoint_last.pt; decode
+the test set with the best-dev and with the last checkpoint; write the record.
+"""
+import os
+import shlex
+import sys
+import time
+
+from .. import evaluate as evaluate_step, recipes, train as train_step
+from ..cli import UserError, log
+from ..paths import ROOT, short
+from . import config, records
+
+TAG = "study"
+
+
+def portable(cmd, where):
+    """CMD as a record holds it: the study's folders by name, no machine paths, no device flag."""
+    out = []
+    for word in cmd:
+        if word == "--cpu":
+            continue
+        word = "python" if word == sys.executable else word
+        for folder, var in ((where.data_bin, "$DATA_BIN"), (where.ckpt, "$CKPT_DIR")):
+            word = word.replace(folder + os.sep, var + "/")
+        out.append(word.replace(ROOT + os.sep, ""))
+    return shlex.join(out)
+
+
+def plan(cfg, run, rec, where, max_update=None):
+    """The train.Run of one of the study's runs: ours through the train step, a stock row plain."""
+    pair = cfg.pair
+    if not run.stock:
+        ours = cfg.systems[run.system]
+        opts = train_step.Options(seed=run.seed, stopping=ours.stopping, schedule=cfg.schedule, name=run.name,
+                                  extra=config.train_flags(cfg, run, rec, max_update))
+        return train_step.plan(pair, run.system, opts, where, recipe=rec)
+    data_bin, save_dir = os.path.join(where.data_bin, pair), os.path.join(where.ckpt, pair, run.name)
+    args = config.stock_args(cfg, run, rec, data_bin, save_dir, max_update)
+    gpu = train_step.has_gpu()
+    args += [] if gpu else ["--cpu"]
+    # torch >= 2.6 loads with weights_only=True, which refuses fairseq 0.12's checkpoints (they pickle
+    # an argparse.Namespace), so plain fairseq-train could not resume; our runs get an allow-list
+    # from the plugin (qknorm_fairseq/checkpoint_compat.py), which this row must not load. It only
+    # ever loads the checkpoints it wrote itself, in its own save dir.
+    env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    return train_step.Run(pair, run.system, run.name, ["fairseq-train", *args], args, save_dir,
+                          os.path.join(where.logs, pair, run.name, "train.log"),
+                          int(train_step.last_value(args, "--max-update")), "GPU" if gpu else "CPU (fp32)", env)
+
+
+def record_text(cfg, planned, rec, where):
+    """command.txt of a run: the whole training command and the decoding settings."""
+    decode = recipes.generate_args(rec, os.path.join(where.data_bin, cfg.pair))
+    decode += ["--metric", rec.eval.metric, "--detok", rec.eval.detok]
+    return f"train: {portable(planned.cmd, where)}\ndecode: {portable(decode, where)}"
+
+
+def one_run(cfg, run, rec, where, records_dir, label, max_update=None, dry=False):
+    """Train, evaluate and record RUN unless its record says it is finished."""
+    planned = plan(cfg, run, rec, where, max_update)
+    command = record_text(cfg, planned, rec, where)
+    rec_dir = os.path.join(records_dir, run.name)
+    change = "to train"
+    if os.path.isfile(os.path.join(rec_dir, "command.txt")):
+        with open(os.path.join(rec_dir, "command.txt"), encoding="utf-8") as f:
+            change = records.record_change(f.read(), command)
+    if dry:
+        print(f"== {run.name}: {change}\n{command}")
+        return
+    ckpt_last = os.path.join(planned.save_dir, "checkpoint_last.pt")
+    if change == "same":
+        log(TAG, f"{label}: finished, record {short(rec_dir)}/")
+        return
+    if change == "more-updates":
+        if not os.path.isfile(ckpt_last):
+            raise UserError(f"{label}: its record has fewer updates than asked and its checkpoints are not in "
+                            f"{short(planned.save_dir)}/ to continue from; bring them back, or move the record away "
+                            f"to train {run.name} from scratch")
+        log(TAG, f"{label}: continuing its finished run to {planned.max_update} updates")
+    elif change != "to train":
+        raise UserError(f"{label}: its record {short(rec_dir)}/ was made by another command "
+                        f"({change.removeprefix('different: ')}); move the record away (and "
+                        f"{short(planned.save_dir)}/, to start from scratch) to train {run.name} again")
+    else:
+        log(TAG, label)
+    # a run that starts from scratch starts its log afresh: the record's wall time and curve are its own
+    if not os.path.isfile(ckpt_last) and os.path.isfile(planned.log):
+        old = planned.log[:-len(".log")] + time.strftime(".%Y%m%dT%H%M%S.log", time.gmtime())
+        os.replace(planned.log, old)
+        log(TAG, f"{label}: no checkpoint to resume; the earlier log is kept as {short(old)}")
+    train_step.train(planned, python_warnings="count" if run.stock else "show")
+    evaluate_step.evaluate(cfg.pair, run.name, where=where)
+    evaluate_step.evaluate(cfg.pair, run.name, checkpoint="last", where=where)
+    records.write_record(rec_dir, planned.log, evaluate_step.out_dir(where, cfg.pair, run.name),
+                         evaluate_step.out_dir(where, cfg.pair, run.name, "last"), command)
+    log(TAG, f"record of {run.name}: {short(rec_dir)}/ (train.log, hyp.txt, scores.json, last/, command.txt; "
+             "commit it)")
+
+
+def train_all(cfg, chosen, where, records_dir, max_update=None, dry=False):
+    rec = config.recipe(cfg, os.path.join(where.data_bin, cfg.pair))
+    n = max_update or cfg.budget.max_update
+    log(TAG, f"study {os.path.basename(where.results)}: {len(chosen)} runs of {n} updates each"
+             + ("; dry run: nothing is trained" if dry else ""))
+    for i, run in enumerate(chosen, 1):
+        one_run(cfg, run, rec, where, records_dir, f"run {i}/{len(chosen)} {run.name}", max_update, dry)

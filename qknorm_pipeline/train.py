@@ -1,0 +1,272 @@
+"""Trains one system on one language pair with the papers' recipe (configs/base.yaml + configs/PAIR.yaml).
+
+usage: bash scripts/train.sh [options] PAIR SYSTEM [extra fairseq-train flags...]
+       (python -m qknorm_pipeline.train takes the same arguments)
+
+  PAIR     a configs/PAIR.yaml (gl-en sk-en en-vi en-he ar-en demo), or a pair prepared with
+           scripts/prepare.sh --src-dir (the base recipe, sized from its training set)
+  SYSTEM   one of the config's systems (each a preset of qknorm_fairseq/architectures.py):
+           postnorm prenorm fixnorm scalenorm rmsnorm qknorm lpqknorm dnas hnas
+Extra flags go to fairseq-train unchanged and win over the recipe, e.g. --max-update 200 for a
+short run.
+
+Prints one line when training starts, then the progress (update / max update, loss, last dev BLEU,
+LR, updates per second, ETA: a redrawn bar on a terminal, a line per validation otherwise), then a
+summary. Writes checkpoints to $CKPT_DIR/PAIR/NAME/ (checkpoint_best.pt by dev BLEU,
+checkpoint_last.pt) and fairseq's whole output (JSON log records) to $LOG_DIR/PAIR/NAME/train.log.
+Re-running resumes from checkpoint_last.pt; a run that finished with the same command is skipped.
+Exit status: 0 trained (or already trained), 2 a usage error (this command's or fairseq's), 1 a failure.
+"""
+import argparse
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from . import processes, recipes
+from .cli import Parser, UsageError, UserError, log, main as run_main, prog
+from .paths import folders, short
+
+TAG = "train"
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass
+class Options:
+    """train.sh's options (see its --help)."""
+
+    precision: str = "fp32"
+    schedule: str = None
+    stopping: str = None
+    paper_qknorm_length: bool = False
+    seed: int = None
+    name: str = None
+    gpus: int = None
+    max_tokens_per_gpu: int = None
+    nodes: int = 1
+    node_rank: int = None
+    master: str = None
+    extra: list = field(default_factory=list)  # fairseq-train flags after PAIR SYSTEM
+
+
+@dataclass
+class Run:
+    """One training as it will be started."""
+
+    pair: str
+    system: str
+    name: str
+    cmd: list            # the whole command line, launcher included
+    fairseq_args: list   # what fairseq-train receives: the run's identity
+    save_dir: str
+    log: str
+    max_update: int
+    where: str
+    env: dict
+    split: str = ""      # how an update's tokens are split over GPU processes
+
+
+def run_name(system, opts):
+    """SYSTEM, SYSTEM_SCHEDULE with --schedule, then _seedK for a seed other than 1; or --name."""
+    if opts.name:
+        return opts.name
+    return system + (f"_{opts.schedule}" if opts.schedule else "") + (
+        f"_seed{opts.seed}" if opts.seed not in (None, 1) else "")
+
+
+_GPU = {}
+
+
+def has_gpu():
+    """torch sees a CUDA device (asked in a child process: this step does not import torch)."""
+    if "any" not in _GPU:
+        code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+        _GPU["any"] = subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+    return _GPU["any"]
+
+
+def gpu_count():
+    code = "import torch; print(torch.cuda.device_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    return int(out or 0)
+
+
+def _distributed(cfg, opts):
+    """(launcher, fairseq flags, message) of a run on --gpus N [--nodes M]."""
+    total, world = cfg.train.max_tokens, opts.gpus * opts.nodes
+    if opts.max_tokens_per_gpu:
+        tokens = opts.max_tokens_per_gpu
+        split = f"{world} GPU processes x {tokens} tokens = {world * tokens} tokens per update (the recipe has {total})"
+    else:
+        if total % world:
+            raise UserError(f"{world} GPU processes do not divide the recipe's {total} tokens per update: pass "
+                            f"--max-tokens-per-gpu T (an update is then {world} x T tokens)")
+        tokens = total // world
+        split = (f"{world} GPU processes x {tokens} tokens = {total} tokens per update (the recipe's; "
+                 "--max-tokens-per-gpu to change)")
+    if opts.nodes > 1:
+        host, port = opts.master.rsplit(":", 1)
+        launcher = ["torchrun", "--nnodes", str(opts.nodes), "--node_rank", str(opts.node_rank),
+                    "--nproc_per_node", str(opts.gpus), "--master_addr", host, "--master_port", port]
+    else:
+        launcher = ["torchrun", "--standalone", "--nproc_per_node", str(opts.gpus)]
+    dist = ["--distributed-world-size", str(world), "--max-tokens", str(tokens)]
+    if world == 1:
+        # fairseq skips its distributed set-up at world size 1 (infer_init_method returns early); name
+        # the init method so that one GPU runs the same code path (NCCL process group) as eight.
+        dist += ["--distributed-init-method", "env://", "--distributed-no-spawn"]
+    return launcher, dist, split
+
+
+def last_value(args, flag, default=0):
+    """The value of FLAG as fairseq reads it: the last one given wins."""
+    value = default
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def plan(pair, system, opts, where=None, recipe=None):
+    """The Run of PAIR SYSTEM with OPTS: the command, its folders and environment. RECIPE: a recipe
+    of PAIR to use instead of its configs (a study's)."""
+    where = where or folders()
+    name = run_name(system, opts)
+    data_bin = os.path.join(where.data_bin, pair)
+    cfg = recipe or recipes.load(pair, data_bin, announce=True)
+    recipes.system(cfg, system)
+    save_dir = os.path.join(where.ckpt, pair, name)
+    args = recipes.train_args(cfg, system, opts.schedule, opts.paper_qknorm_length, data_bin, save_dir, opts.stopping)
+    args += ["--seed", str(opts.seed)] if opts.seed is not None else []
+    launcher, split = [sys.executable, "-m"], ""
+    if opts.gpus:
+        launcher, dist, split = _distributed(cfg, opts)
+        launcher += ["-m"]
+        args += dist
+    env = dict(os.environ)
+    if opts.gpus or has_gpu():  # --gpus: a dry run on a machine without GPUs prints the GPU command
+        args += [] if opts.precision == "fp32" else [f"--{opts.precision}"]
+        device = f"{opts.gpus or 1} GPU(s) ({opts.precision})"
+    else:
+        if opts.precision != "fp32":
+            raise UserError(f"--precision {opts.precision} needs a GPU; none is visible to torch (CPU runs are fp32)")
+        args += ["--cpu"]
+        device = "CPU (fp32)"
+        env = recipes.cpu_env(cfg)
+    args += opts.extra
+    # qknorm_pipeline.fairseq_train is fairseq-train with --bf16 usable on a GPU (see its docstring)
+    cmd = [*launcher, "qknorm_pipeline.fairseq_train", *args]
+    return Run(pair, system, name, cmd, args, save_dir, os.path.join(where.logs, pair, name, "train.log"),
+               int(last_value(args, "--max-update")), device, env, split)
+
+
+def shown(cmd):
+    """CMD as a user would type it: this Python as `python`."""
+    return shlex.join(["python" if c == sys.executable else c for c in cmd])
+
+
+def signature(run):
+    """What makes a finished run the same: fairseq-train's arguments (not the launcher)."""
+    return hashlib.sha1(shlex.join(run.fairseq_args).encode()).hexdigest()
+
+
+def train(run, python_warnings="show"):
+    """Train RUN, resuming from its last checkpoint; skipped when it finished with the same command."""
+    data_bin = run.fairseq_args[0]
+    if not any(f.startswith("dict.") for f in (os.listdir(data_bin) if os.path.isdir(data_bin) else [])):
+        raise UserError(f"no binarized data in {short(data_bin)}: run bash scripts/prepare.sh --pair {run.pair} first")
+    if processes.is_done(run.save_dir, signature(run)):
+        log(TAG, f"{run.pair}/{run.name} already trained with this command: {short(run.save_dir)}/checkpoint_best.pt "
+                 f"(delete {short(run.save_dir)}/.done to retrain)")
+        return
+    if run.split:
+        log(TAG, run.split)
+    os.makedirs(run.save_dir, exist_ok=True)
+    log(TAG, f"training {run.pair}/{run.name} ({run.system}) on {run.where}; log {short(run.log)}, "
+             f"checkpoints {short(run.save_dir)}/")
+    processes.train(f"{run.pair}/{run.name}", run.log, run.max_update, run.cmd, env=run.env,
+                    python_warnings=python_warnings)
+    processes.mark_done(run.save_dir, signature(run))
+
+
+def _check(opts):
+    if opts.precision not in PRECISIONS:
+        raise UsageError(f"--precision must be fp32, fp16 or bf16, got {opts.precision!r}")
+    for flag, value in (("--gpus", opts.gpus), ("--max-tokens-per-gpu", opts.max_tokens_per_gpu),
+                        ("--nodes", opts.nodes)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    if opts.seed is not None and opts.seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {opts.seed}")
+    if opts.max_tokens_per_gpu and not opts.gpus:
+        raise UsageError("--max-tokens-per-gpu goes with --gpus")
+    if opts.nodes > 1:
+        if not opts.gpus:
+            raise UsageError(f"--nodes {opts.nodes} goes with --gpus N (GPUs per machine)")
+        if opts.node_rank is None or not 0 <= opts.node_rank < opts.nodes:
+            raise UsageError(f"--nodes {opts.nodes} needs --node-rank 0..{opts.nodes - 1}, got {opts.node_rank}")
+        host, _, port = (opts.master or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"--nodes {opts.nodes} needs --master HOST:PORT (the machine of --node-rank 0), "
+                             f"got {opts.master!r}")
+
+
+def parser():
+    p = Parser(prog=prog("qknorm_pipeline.train"), tag=TAG, description=__doc__,
+               usage="%(prog)s [options] PAIR SYSTEM [extra fairseq-train flags...]",
+               unknown_hint=" before PAIR SYSTEM; fairseq flags go after PAIR SYSTEM")
+    p.add_argument("--precision", default="fp32", help="fp32|fp16|bf16, on a GPU (default fp32); a CPU run is always fp32")
+    p.add_argument("--schedule", help="LR schedule from the config's schedules: (valdecay, nowarmup, invsqrtdecay, "
+                                      "valdecay_2xlr, invsqrtdecay_2xlr); default: the config's train.schedule")
+    p.add_argument("--stopping", help="stopping rule from the config's stopping: (twt, twt_paper, qknorm); "
+                                      "default: the system's (docs/training.md)")
+    p.add_argument("--paper-qknorm-length", action="store_true",
+                   help="QKNorm's L from the config (the papers' value) instead of the data")
+    p.add_argument("--seed", type=int, help="fairseq's random seed (default: the recipe's, 1); K != 1 trains the run "
+                                            "SYSTEM_seedK, so each seed has its own checkpoints")
+    p.add_argument("--name", help="run name (default SYSTEM, or SYSTEM_SCHEDULE with --schedule, then _seedK)")
+    p.add_argument("--gpus", type=int, help="data-parallel training on N GPUs of this machine: N processes started "
+                                            "by torchrun, fairseq's distributed engine (NCCL); the recipe's tokens "
+                                            "per update are kept (each process takes max-tokens / N)")
+    p.add_argument("--max-tokens-per-gpu", type=int, help="with --gpus: T tokens per process (an update is N x T)")
+    p.add_argument("--nodes", type=int, default=1, help="with --gpus N: M machines of N GPUs each (run the same "
+                                                        "command on every machine; scripts/slurm_train.sbatch does "
+                                                        "this under Slurm)")
+    p.add_argument("--node-rank", type=int, help="with --nodes: this machine's rank, 0..M-1")
+    p.add_argument("--master", help="with --nodes: HOST:PORT of the machine of --node-rank 0")
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument("--verbose", action="store_true", help="show fairseq's whole output instead of the progress "
+                                                          "display (the same as VERBOSE=1)")
+    p.add_argument("words", nargs=argparse.REMAINDER, help="PAIR SYSTEM [extra fairseq-train flags...]")
+    return p
+
+
+def run(a):
+    if a.words[:1] == ["--"]:
+        a.words = a.words[1:]
+    if len(a.words) < 2 or a.words[0].startswith("-"):
+        raise UsageError("need PAIR and SYSTEM")
+    if a.verbose:
+        os.environ["VERBOSE"] = "1"
+    opts = Options(a.precision, a.schedule, a.stopping, a.paper_qknorm_length, a.seed, a.name, a.gpus,
+                   a.max_tokens_per_gpu, a.nodes, a.node_rank, a.master, a.words[2:])
+    _check(opts)
+    r = plan(a.words[0], a.words[1], opts)
+    if a.dry_run:
+        print(shown(r.cmd))
+        return 0
+    if opts.gpus and gpu_count() < opts.gpus:
+        raise UserError(f"--gpus {opts.gpus}: torch sees {gpu_count()} CUDA device(s) on this machine")
+    train(r)
+
+
+def main(argv=None):
+    return run_main(run, parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
