@@ -8,9 +8,13 @@ It differs from fairseq's search (sequence_generator.py) in what the beam holds:
   EOS at no cost), so the top `beam` at each step are chosen among live extensions and finished
   hypotheses together; fairseq moves finished ones out and keeps `beam` live ones;
 - EOS is forbidden at the first step;
-- a sentence ends when every slot has ended with EOS, or when its hypotheses reach its own
-  maximum length, max_len_a * source length + max_len_b tokens before EOS (the original:
-  source length + 50); the best slot is the output (all slots are returned, best first).
+- a sentence ends when every slot has ended with EOS, or after max_len_a * n + max_len_b + 1
+  steps, n its source tokens without EOS: with the recipe's 1 and 50 a hypothesis cut there has
+  n + 51 tokens and no EOS. The original's limit is the same number, (n + 1) + 50, but its loop's
+  `time_step == maximum_length` test lets every sentence except the longest in its batch emit one
+  more symbol (n + 52): an artefact of batching, not reproduced;
+- the best slot is the output (all slots are returned, best first); on an exact tie the original's
+  `np.argsort(scores)[::-1]` takes the higher slot, and so does this search.
 """
 import torch
 from fairseq.sequence_generator import SequenceGenerator
@@ -93,12 +97,13 @@ class TwTSequenceGenerator(SequenceGenerator):
         return finalized
 
     def _hypotheses(self, slots, pos_scores, scores):
-        """One sentence's slots as fairseq hypotheses (tokens end at the first EOS), best first."""
+        """One sentence's slots as fairseq hypotheses (tokens end at the first EOS), best first; on a
+        tie the higher slot first, as the original's argsort(scores)[::-1]."""
         hypos = []
-        for toks, pos, s in zip(slots, pos_scores, scores):
+        for slot, (toks, pos, s) in enumerate(zip(slots, pos_scores, scores)):
             toks = toks[1:]  # without BOS
             eos = toks.eq(self.eos).nonzero()
             end = int(eos[0]) + 1 if len(eos) else len(toks)
-            hypos.append({"tokens": toks[:end], "score": s, "attention": None, "alignment": torch.empty(0),
-                          "positional_scores": pos[:end]})
-        return sorted(hypos, key=lambda h: float(h["score"]), reverse=True)
+            hypos.append((float(s), slot, {"tokens": toks[:end], "score": s, "attention": None,
+                                           "alignment": torch.empty(0), "positional_scores": pos[:end]}))
+        return [h for _, _, h in sorted(hypos, key=lambda h: h[:2], reverse=True)]

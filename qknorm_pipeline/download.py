@@ -17,7 +17,8 @@ import os
 import sys
 
 from . import processes, recipes
-from .cli import Parser, log, main as run_main, one_pair, prog
+from .cli import Parser, log, one_pair, prog
+from .cli import main as run_main
 from .data import demo
 from .data.common import staged_dir
 from .paths import folders

@@ -27,7 +27,8 @@ import os
 import sys
 
 from . import processes, recipes
-from .cli import Parser, UsageError, UserError, log, main as run_main, prog
+from .cli import Parser, UsageError, UserError, log, prog
+from .cli import main as run_main
 from .files import write_lines
 from .fingerprint import fingerprint
 from .paths import folders, short

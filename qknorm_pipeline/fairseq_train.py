@@ -70,8 +70,8 @@ def wrap_parser(parse, argv):
 
 def main(argv=None):
     silence_noise()
-    from fairseq_cli import train  # first: it sets up fairseq's log format before fairseq is imported
     from fairseq import options
+    from fairseq_cli import train  # first: it sets up fairseq's log format before fairseq is imported
 
     import qknorm_fairseq  # noqa: F401  (registered now; --user-dir then finds it imported)
 

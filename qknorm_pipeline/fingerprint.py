@@ -14,7 +14,8 @@ import os
 import sys
 from importlib import metadata
 
-from .cli import Parser, main as run_main
+from .cli import Parser
+from .cli import main as run_main
 from .paths import ROOT
 
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
@@ -57,7 +58,7 @@ def fingerprint(files, command):
             h.update(item.encode("utf-8") + b"\0")
     for table in (p["versions"], p["code"]):
         for k in sorted(table):
-            h.update(f"{k}={table[k]}".encode("utf-8") + b"\0")
+            h.update(f"{k}={table[k]}".encode() + b"\0")
     return h.hexdigest()
 
 

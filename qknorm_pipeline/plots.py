@@ -25,7 +25,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .cli import Parser, UsageError, main as run_main, prog  # noqa: E402
+from .cli import Parser, UsageError, prog  # noqa: E402
+from .cli import main as run_main
 from .fairseq_log import parse_log  # noqa: E402
 from .files import atomic_path  # noqa: E402
 from .paths import ROOT  # noqa: E402

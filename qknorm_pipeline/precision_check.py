@@ -1,22 +1,34 @@
-"""Mixed precision against fp32: the training-loss curves of short runs, side by side.
+"""Mixed precision against fp32 on a GPU: every system trains a few hundred updates in fp32, bf16
+and fp16 with the pair's recipe and the same seed, and the training-loss curves are compared.
 
-    python -m qknorm_pipeline.precision_check --log-dir logs/gl-en --systems postnorm qknorm \
-        [--precisions bf16 fp16] [--tolerance 0.05] --out results/gpu/precision
+usage: bash scripts/precision_check.sh [--pair gl-en] [--updates 300] [--warmup 100] [--jobs 6]
+                                       [--systems "postnorm qknorm ..."] [--tolerance 0.05]
+       (python -m qknorm_pipeline.precision_check takes the same arguments)
 
-Reads the fairseq JSON logs that `scripts/precision_check.sh` writes (LOG_DIR/PAIR/SYSTEM_PRECISION/
-train.log), pairs every logged update of a bf16/fp16 run with the same update of the fp32 run of
-the same system, and reports the largest and the mean relative difference of the training loss, the
-final losses, and whether every loss was finite. A run passes when its losses are finite and its
-largest relative difference is within --tolerance. Writes PREFIX.json and PREFIX.md.
+The recipe's warmup is shortened (--warmup) so that the short run reaches the recipe's peak
+learning rate; no validation, no checkpoints; --jobs trainings at once on the one GPU. Needs
+data-bin/PAIR (scripts/prepare.sh). Every logged update of a bf16/fp16 run is paired with the same
+update of the fp32 run of the same system: the largest and mean relative difference of the training
+loss, the final losses, whether every loss was finite. A run passes when its losses are finite and
+its largest relative difference is within --tolerance. Writes $RESULTS_DIR/gpu/precision.{md,json};
+the fairseq logs are in $LOG_DIR/PAIR/SYSTEM_PRECISION/train.log.
+Exit status: 0 every run passed, 2 a usage error, 1 a failure or a run that did not pass.
 """
 import json
 import math
 import os
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
+from . import recipes
+from .cli import Parser, UsageError, UserError, log, prog
+from .cli import main as run_main
 from .fairseq_log import LogError, parse_log
 from .files import write_atomic
-from .cli import Parser
+from .paths import folders
+
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def curve(path):
@@ -35,31 +47,24 @@ def compare(ref, other, tolerance):
             "finite": finite, "passed": bool(finite and max(rel) <= tolerance)}
 
 
-def main(argv=None):
-    ap = Parser(prog="python -m qknorm_pipeline.precision_check", description=__doc__)
-    ap.add_argument("--log-dir", required=True, help="LOG_DIR/PAIR holding SYSTEM_PRECISION/train.log")
-    ap.add_argument("--systems", nargs="+", required=True)
-    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp16"])
-    ap.add_argument("--tolerance", type=float, default=0.05, help="largest relative loss difference allowed")
-    ap.add_argument("--settings", default="", help="a line describing the runs, copied into the report")
-    ap.add_argument("--out", required=True, help="output prefix (PREFIX.json, PREFIX.md)")
-    opts = ap.parse_args(argv)
+def report(log_dir, systems, settings, out, precisions=("bf16", "fp16"), tolerance=0.05):
+    """PREFIX.md / .json comparing every precision's loss curve with fp32's; True when all passed."""
     rows, errors = {}, []
-    for system in opts.systems:
+    for system in systems:
         try:
-            ref = curve(os.path.join(opts.log_dir, f"{system}_fp32", "train.log"))
+            ref = curve(os.path.join(log_dir, f"{system}_fp32", "train.log"))
         except LogError as e:
             errors.append(f"{system} fp32: {e}")
             continue
-        for p in opts.precisions:  # a failed precision does not hide the others
+        for p in precisions:  # a failed precision does not hide the others
             try:
-                other = curve(os.path.join(opts.log_dir, f"{system}_{p}", "train.log"))
-                rows.setdefault(system, {})[p] = compare(ref, other, opts.tolerance)
+                other = curve(os.path.join(log_dir, f"{system}_{p}", "train.log"))
+                rows.setdefault(system, {})[p] = compare(ref, other, tolerance)
             except LogError as e:
                 errors.append(f"{system} {p}: {e}")
-    lines = ["# Mixed precision against fp32", "", opts.settings, "",
+    lines = ["# Mixed precision against fp32", "", settings, "",
              f"Training loss at every logged update compared with the fp32 run of the same system and seed; "
-             f"pass = every loss finite and the largest relative difference <= {opts.tolerance:g}.", "",
+             f"pass = every loss finite and the largest relative difference <= {tolerance:g}.", "",
              "| system | precision | logged updates | final loss (fp32) | max rel. diff | mean rel. diff | finite | pass |",
              "|---|---|---|---|---|---|---|---|"]
     for system, by_prec in rows.items():
@@ -68,11 +73,68 @@ def main(argv=None):
                          f"{r['max_rel_diff']:.4f} | {r['mean_rel_diff']:.4f} | {'yes' if r['finite'] else 'NO'} | "
                          f"{'yes' if r['passed'] else 'NO'} |")
     lines += [f"- missing: {e}" for e in errors]
-    write_atomic(opts.out + ".json", json.dumps({"settings": opts.settings, "tolerance": opts.tolerance,
-                                                 "results": rows, "errors": errors}, indent=1) + "\n")
-    write_atomic(opts.out + ".md", "\n".join(lines) + "\n")
+    write_atomic(out + ".json", json.dumps({"settings": settings, "tolerance": tolerance,
+                                            "results": rows, "errors": errors}, indent=1) + "\n")
+    write_atomic(out + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 1 if errors or not all(r["passed"] for by in rows.values() for r in by.values()) else 0
+    return not errors and all(r["passed"] for by in rows.values() for r in by.values())
+
+
+def train_one(pair, system, precision, updates, warmup, where):
+    """One short run of SYSTEM in PRECISION, its output in LOG_DIR/PAIR/SYSTEM_PRECISION.out."""
+    import shutil
+
+    name = f"{system}_{precision}"
+    for folder in (os.path.join(where.logs, pair, name), os.path.join(where.ckpt, pair, name)):
+        shutil.rmtree(folder, ignore_errors=True)
+    cmd = [sys.executable, "-m", "qknorm_pipeline.train", "--precision", precision, "--name", name, pair, system,
+           "--max-update", str(updates), "--warmup-updates", str(warmup), "--disable-validation", "--no-save",
+           "--log-interval", "10", "--num-workers", "0"]
+    with open(os.path.join(where.logs, pair, f"{name}.out"), "w") as out:
+        ok = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode == 0
+    log("precision_check", f"{name}: " + ("done" if ok else f"fairseq-train failed, see {out.name}"))
+
+
+def parser():
+    p = Parser(prog=prog("qknorm_pipeline.precision_check"), tag="precision_check", description=__doc__)
+    p.add_argument("--pair", default="gl-en")
+    p.add_argument("--updates", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=100, help="the shortened warmup, in updates")
+    p.add_argument("--jobs", type=int, default=6, help="trainings at once on the GPU")
+    p.add_argument("--systems", help='"postnorm qknorm ..." (default: every system of the pair\'s recipe)')
+    p.add_argument("--tolerance", type=float, default=0.05, help="largest relative loss difference allowed")
+    p.add_argument("--report-only", action="store_true", help="compare the logs already there; train nothing")
+    return p
+
+
+def run(a):
+    import torch
+
+    for flag, value in (("--updates", a.updates), ("--warmup", a.warmup), ("--jobs", a.jobs)):
+        if value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    where = folders()
+    systems = a.systems.split() if a.systems else list(recipes.load(a.pair).systems)
+    if not a.report_only:
+        if not torch.cuda.is_available():
+            raise UserError("the precision check needs a CUDA GPU (bf16/fp16 training); torch sees none")
+        os.makedirs(os.path.join(where.logs, a.pair), exist_ok=True)
+        log("precision_check", f"{a.pair}: {len(systems)} systems x fp32 bf16 fp16, {a.updates} updates each, "
+                               f"{a.jobs} at a time")
+        with ThreadPoolExecutor(a.jobs) as pool:
+            list(pool.map(lambda sp: train_one(a.pair, *sp, a.updates, a.warmup, where),
+                          [(s, p) for s in systems for p in PRECISIONS]))
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    settings = (f"{a.pair} recipe (configs/{a.pair}.yaml), {a.updates} updates, warmup shortened to {a.warmup} updates, "
+                f"seed 1, no validation; {gpu}, torch {torch.__version__}; {a.jobs} runs sharing the GPU. Command: "
+                f"bash scripts/precision_check.sh --pair {a.pair} --updates {a.updates} --warmup {a.warmup}")
+    if not report(os.path.join(where.logs, a.pair), systems, settings, os.path.join(where.results, "gpu", "precision"),
+                  tolerance=a.tolerance):
+        return 1
+
+
+def main(argv=None):
+    return run_main(run, parser(), argv)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ import subprocess
 import sys
 
 from . import processes, recipes
-from .cli import Parser, UsageError, UserError, log, main as run_main, one_pair, prog
+from .cli import Parser, UsageError, UserError, log, one_pair, prog
+from .cli import main as run_main
 from .data.common import staged_dir
 from .paths import folders
 

@@ -62,7 +62,7 @@ def train(label, log_path, max_update, cmd, env=None, python_warnings="show"):
     """A training command's whole output appended to LOG_PATH after a `# DATE COMMAND` line (one per
     start: the wall-time segments of study.py), shown through the progress display."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open(log_path, "a", encoding="utf-8") as f:
         f.write(f"# {stamp} {shlex.join(map(str, cmd))}\n")
     old = _children_keep_ctrl_c()
@@ -108,7 +108,7 @@ def decode(label, cmd, out_path, log_path, total, env=None):
 
 def mark_done(folder, key=""):
     """Record (atomically, in FOLDER/.done) that the stage in FOLDER finished with the settings KEY."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     write_atomic(os.path.join(folder, ".done"), (f"{key}\n" if key else "") + stamp + "\n")
 
 

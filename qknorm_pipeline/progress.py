@@ -24,7 +24,8 @@ import signal
 import sys
 import time
 
-from .cli import Parser, main as run_main
+from .cli import Parser
+from .cli import main as run_main
 from .fairseq_log import parse_line
 from .paths import shareable
 

@@ -22,7 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .cli import Parser, UsageError, main as run_main
+from .cli import Parser, UsageError
+from .cli import main as run_main
 from .data.stats import REMOVE_BPE, read_stats
 from .paths import CONFIG_DIR, USER_DIR, folders
 

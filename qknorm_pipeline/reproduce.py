@@ -20,8 +20,11 @@ import subprocess
 import sys
 import time
 
-from . import evaluate as evaluate_step, recipes, train as train_step
-from .cli import Parser, UsageError, UserError, log, main as run_main, one_pair, prog
+from . import evaluate as evaluate_step
+from . import recipes
+from . import train as train_step
+from .cli import Parser, UsageError, UserError, log, one_pair, prog
+from .cli import main as run_main
 from .paths import folders, short
 
 TAG = "reproduce"

@@ -26,7 +26,8 @@ import sys
 from dataclasses import dataclass, field
 
 from . import processes, recipes
-from .cli import Parser, UsageError, UserError, log, main as run_main, prog
+from .cli import Parser, UsageError, UserError, log, prog
+from .cli import main as run_main
 from .paths import folders, short
 
 TAG = "train"

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Creates (or reuses) the virtual environment .venv/ with everything qknorm-fairseq needs.
-# Idempotent: a stamp file records what was installed; a second run only re-installs the
-# package itself when its sources changed.
+# Creates (or reuses) the virtual environment .venv/ with everything qknorm-fairseq needs: what
+# pyproject.toml declares, and the three things pip cannot express there:
+#   - the torch wheel that fits the machine (an installed torch >= 2.1 is reused; else a local wheel;
+#     else the CPU-only index on a machine without an NVIDIA driver; else PyPI);
+#   - fairseq-fixed, built against that torch (--no-build-isolation) and without its declared
+#     dependencies (--no-deps: they pull torchaudio, which text translation never uses);
+#   - fastBPE, whose build imports Cython (--no-build-isolation), and its command-line tool `fast`
+#     (learnbpe), compiled from the same sdist into .venv/bin/.
+# Idempotent: a stamp file records what was installed; a second run only re-installs the package
+# itself when its sources changed.
 #
 # Environment:
 #   PYTHON       interpreter for the venv (default: python3; must be >= 3.11)
 #   VENV         venv location (default: <repo>/.venv)
 #   TORCH_SPEC   pip requirement for torch when one must be installed (default: torch>=2.1)
-#   TORCH_INDEX  index URL for that torch (default: the PyTorch CPU index on machines without
-#                nvidia-smi, PyPI otherwise)
+#   TORCH_INDEX  index URL for that torch (default: see above)
 # No options; -h/--help prints this. Exit status: 0 ok, 2 a usage error, 1 a failure.
 case ${1:-} in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 [[ $# == 0 ]] || { printf '[install] error: unknown argument %s (see bash scripts/install.sh --help)\n' "$1" >&2; exit 2; }
@@ -17,26 +23,17 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch>=2.1}
+FAIRSEQ=fairseq-fixed==0.12.3.1  # fairseq==0.12.2 does not import on Python 3.11; this fork is the same code
+FASTBPE=fastBPE==0.1.0
 say() { printf '[install] %s\n' "$*" >&2; }
 die() { printf '[install] error: %s\n' "$*" >&2; exit 1; }
-
-# Versions that must be exact. fairseq==0.12.2 does not import on Python 3.11 (mutable
-# dataclass defaults); fairseq-fixed is the maintained fork of the same code.
-FAIRSEQ=fairseq-fixed==0.12.3.1
-FASTBPE=fastBPE==0.1.0
-# fairseq's real runtime needs for text translation, installed explicitly because fairseq is
-# installed --no-deps (its declared dependencies pull torchaudio, never used for text).
-FAIRSEQ_DEPS=(hydra-core==1.3.2 omegaconf==2.3.0 "numpy>=1.24" "cython>=3" bitarray regex cffi packaging tqdm
-  scikit-learn)  # imported unconditionally by fairseq.tasks.audio_classification
-# Our own needs: scoring, BPE, tokenization, parquet mirrors, plots, tests.
-PROJECT_DEPS=("sacrebleu>=2.3,<3" sentencepiece sacremoses nltk pyarrow matplotlib pytest)
 
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || die "$PYTHON is $("$PYTHON" -V 2>&1); qknorm-fairseq needs Python >= 3.11 (set PYTHON=python3.11 or newer)"
 
 stamp=$VENV/.qknorm-stamp
-want=$(cat "$ROOT/scripts/install.sh" | sha1sum | cut -c1-16)
-src_hash() { (cd "$ROOT" && find qknorm_fairseq qknorm_pipeline setup.py -name '*.py' -o -name '*.txt' | sort | xargs cat) | sha1sum | cut -c1-16; }
+want=$(cat "$ROOT/scripts/install.sh" "$ROOT/pyproject.toml" | sha1sum | cut -c1-16)
+src_hash() { (cd "$ROOT" && find qknorm_fairseq qknorm_pipeline -name '*.py' | sort | xargs cat) | sha1sum | cut -c1-16; }
 
 if [[ -f $stamp && $(head -n1 "$stamp") == "$want" && -x $VENV/bin/python ]]; then
   if [[ $(sed -n 2p "$stamp") != "$(src_hash)" ]]; then
@@ -48,24 +45,16 @@ if [[ -f $stamp && $(head -n1 "$stamp") == "$want" && -x $VENV/bin/python ]]; th
 fi
 
 t0=$SECONDS
-base_torch=$("$PYTHON" -c 'import torch, sys; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(torch.__version__ if v >= (2, 1) else "")' 2>/dev/null || true)
+base_torch=$("$PYTHON" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(torch.__version__ if v >= (2, 1) else "")' 2>/dev/null || true)
 if [[ ! -x $VENV/bin/python ]]; then
-  if [[ -n $base_torch ]]; then
-    # Reuse the interpreter's torch rather than downloading another copy.
-    say "creating $VENV (reusing the installed torch $base_torch via --system-site-packages)"
-    "$PYTHON" -m venv --system-site-packages "$VENV"
-  else
-    say "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
-  fi
+  say "creating $VENV${base_torch:+ (reusing the installed torch $base_torch)}"
+  "$PYTHON" -m venv ${base_torch:+--system-site-packages} "$VENV"
 fi
 PY=$VENV/bin/python
 pip() { "$PY" -m pip "$@"; }
 pip install -q --upgrade "pip>=23" "setuptools>=68" wheel
 
 if ! "$PY" -c 'import torch' 2>/dev/null; then
-  # Order: a local wheel (pip's find-links) if the machine has one; else the CPU-only index on
-  # a machine without an NVIDIA driver (PyPI's Linux torch pulls several GB of CUDA libraries).
   tmp=$(mktemp -d)
   if pip download -q --no-index --no-deps -d "$tmp" "$TORCH_SPEC" 2>/dev/null; then
     say "installing torch from a local wheel: $(basename "$tmp"/torch-*.whl)"
@@ -73,7 +62,7 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
   elif [[ -n ${TORCH_INDEX:-} ]]; then
     pip install -q --index-url "$TORCH_INDEX" "$TORCH_SPEC"
   elif ! command -v nvidia-smi >/dev/null 2>&1 && [[ $(uname -s) == Linux ]]; then
-    say "no NVIDIA driver found: installing the CPU build of torch"
+    say "no NVIDIA driver found: installing the CPU build of torch"  # PyPI's pulls GBs of CUDA libraries
     pip install -q --index-url https://download.pytorch.org/whl/cpu "$TORCH_SPEC"
   else
     pip install -q "$TORCH_SPEC"
@@ -82,20 +71,13 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
 fi
 say "torch $("$PY" -c 'import torch; print(torch.__version__)')"
 
-pip install -q "${FAIRSEQ_DEPS[@]}" "${PROJECT_DEPS[@]}"
+pip install -q --no-build-isolation "$ROOT[dev]"  # pyproject.toml's dependencies, and the package
 if ! "$PY" -c 'import fairseq' 2>/dev/null; then
-  # --no-build-isolation: fairseq-fixed lists torch as a build requirement, and an isolated
-  # build would download a second (CUDA) torch just to compile its Cython/C++ helpers.
   say "building $FAIRSEQ (a few minutes)"
   pip install -q --no-deps --no-build-isolation "$FAIRSEQ"
 fi
-if ! "$PY" -c 'import fastBPE' 2>/dev/null; then
-  # fastBPE's setup.py imports Cython, so it cannot build in an isolated environment.
-  pip install -q --no-deps --no-build-isolation "$FASTBPE"
-fi
+"$PY" -c 'import fastBPE' 2>/dev/null || pip install -q --no-deps --no-build-isolation "$FASTBPE"
 if [[ ! -x $VENV/bin/fast ]]; then
-  # The PyPI package only offers apply; learnbpe comes from the command-line tool in the same
-  # sdist (main.cc), compiled into the venv's bin/.
   tmp=$(mktemp -d)
   pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$tmp" "$FASTBPE"
   tar -xzf "$tmp"/fastBPE-*.tar.gz -C "$tmp"
@@ -104,8 +86,7 @@ if [[ ! -x $VENV/bin/fast ]]; then
   g++ -std=c++11 -pthread -O3 -I"$(dirname "$main")" "$main" -o "$VENV/bin/fast"
   rm -rf "$tmp"
 fi
-pip install -q --no-deps --no-build-isolation "$ROOT"
-"$PY" -c 'import fairseq, fastBPE, sacrebleu, sentencepiece, sacremoses, qknorm_fairseq' \
+"$PY" -c 'import fairseq, fastBPE, sacrebleu, sentencepiece, sacremoses, qknorm_fairseq, qknorm_pipeline' \
   || die "the environment in $VENV is incomplete; remove it and run again"
 printf '%s\n%s\n' "$want" "$(src_hash)" >"$stamp"
 say "environment ready in $((SECONDS - t0)) s: $VENV"

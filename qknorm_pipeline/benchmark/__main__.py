@@ -16,7 +16,8 @@ Exit status: 0 ok, 2 a usage error, 1 a failure.
 import os
 import sys
 
-from ..cli import Parser, main as run_main, prog
+from ..cli import Parser, prog
+from ..cli import main as run_main
 from ..paths import folders
 
 TOOLS = ("speed", "kernels")

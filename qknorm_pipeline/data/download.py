@@ -5,8 +5,8 @@ import json
 import os
 
 from .. import recipes
-from . import readers, sources
 from ..files import read_lines, write_lines
+from . import readers, sources
 from .common import SPLITS, DataError, NotFound, log, staged_dir
 from .fetch import fetch
 

@@ -29,13 +29,13 @@ import re
 import statistics
 import sys
 
-from ..paths import ROOT, shareable
-from .bleu import DETOKENIZERS, ScoringError
+from ..cli import Parser, one_pair, prog
+from ..cli import main as run_main
 from ..files import write_atomic
-from .score import METRICS, score_runs, score_systems
-from .bleu import MOSES_ESCAPES
+from ..paths import ROOT, shareable
+from .bleu import DETOKENIZERS, MOSES_ESCAPES, ScoringError
+from .score import METRICS, score_runs
 from .significance import format_p, seed_bootstrap
-from ..cli import Parser, main as run_main, one_pair, prog
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
 SHOWN = ("multi_bleu", "multi_bleu_detok", "sacrebleu_treebank")  # sacrebleu: multi_bleu_detok's twin

@@ -14,11 +14,12 @@ when no baseline is named.
 import json
 import sys
 
-from . import bleu
-from .significance import approximate_randomization, paired_bootstrap
-from ..cli import Parser, main as run_main, prog
+from ..cli import Parser, prog
+from ..cli import main as run_main
 from ..files import write_atomic
 from ..paths import shareable
+from . import bleu
+from .significance import approximate_randomization, paired_bootstrap
 
 METRICS = ("multi_bleu", "multi_bleu_detok", "sacrebleu")
 

@@ -23,7 +23,8 @@ import shlex
 import sys
 import time
 
-from ..cli import Parser, UsageError, log, main as run_main, prog
+from ..cli import Parser, UsageError, log, prog
+from ..cli import main as run_main
 from ..paths import ROOT, folders, short
 from . import config, report, runs
 

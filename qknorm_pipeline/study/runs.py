@@ -11,7 +11,9 @@ import shlex
 import sys
 import time
 
-from .. import evaluate as evaluate_step, recipes, train as train_step
+from .. import evaluate as evaluate_step
+from .. import recipes
+from .. import train as train_step
 from ..cli import UserError, log
 from ..paths import ROOT, short
 from . import config, records

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, SHARED_DATA as SHARED, pipeline_env
+from helpers import REPO, SHARED_DATA as SHARED, pipeline_env
 from qknorm_pipeline.data import demo as demo_corpus
 
 # fairseq flags after PAIR SYSTEM win over the recipe: a tiny model and a few updates

@@ -1,16 +1,12 @@
-"""ValDecay (qknorm_fairseq/lr_scheduler.py): closed forms, the decay rule, and real fairseq-train runs."""
-import json
+"""ValDecay (qknorm_fairseq/lr_scheduler.py): closed forms and the decay rule (real fairseq-train
+runs: tests/integration/test_val_decay.py)."""
 import math
-import os
-import re
 
 import pytest
 import torch
 from fairseq.optim import FairseqOptimizer
 
-from conftest import run, train_cmd
 from qknorm_fairseq.lr_scheduler import ValDecayConfig, ValDecaySchedule, active_scheduler
-from qknorm_pipeline.recipes import peak_lr
 
 
 class _Opt(FairseqOptimizer):
@@ -39,12 +35,6 @@ def test_warmup_from_given_init_lr():
     assert s.step_update(0) == pytest.approx(1e-4)
     assert s.step_update(5) == pytest.approx(1e-4 + 0.5 * 9e-4)
     assert s.step_update(10) == pytest.approx(1e-3)
-
-
-def test_peak_from_twt_rule():
-    # TwT: d^-0.5 * warmup^-0.5 for d = 512, warmup 8000 is about 4.94e-4
-    assert peak_lr(1.0, 512, 8000) == pytest.approx(4.94e-4, rel=1e-3)
-    assert peak_lr(2.0, 512, 8000) == pytest.approx(2 / math.sqrt(512 * 8000))
 
 
 def naive_decays(values, maximize, patience, factor, peak):
@@ -113,65 +103,3 @@ def test_bad_config_errors():
 def test_active_scheduler_is_the_last_built():
     s = make()
     assert active_scheduler() is s
-
-
-# ----------------------------------------------------------------------------- real fairseq-train
-@pytest.fixture(scope="module")
-def data_bin(tiny_data):
-    return str(tiny_data / "bin")
-
-
-def ckpt_state(path):
-    return torch.load(path, map_location="cpu", weights_only=False)["optimizer_history"][-1]["lr_scheduler_state"]
-
-
-def log_records(text, tag):
-    """The JSON records of one tag in fairseq-train's console log (what scripts/train.sh saves)."""
-    return [json.loads(m.group(1)) for m in re.finditer(r"\| INFO \| %s \| (\{.*\})$" % tag, text, re.M)]
-
-
-# `loss` with --maximize-best-checkpoint-metric makes "worse" mean "lower loss", so decays fire while
-# the model learns: a deterministic way to get a non-trivial state to round-trip.
-SCHED = ["--lr-scheduler", "val_decay", "--lr", "2e-3", "--warmup-updates", "4", "--decay-factor", "0.5",
-         "--decay-patience", "1", "--best-checkpoint-metric", "loss", "--maximize-best-checkpoint-metric",
-         "--validate-interval-updates", "3", "--save-interval-updates", "3", "--keep-interval-updates", "1",
-         "--max-tokens", "600"]  # 5 updates a pass: validations every 3 updates and at the end of each pass
-
-
-def test_every_validation_reaches_val_decay_and_state_survives_resume(data_bin, tmp_path):
-    save = str(tmp_path / "ck")
-    log = run(train_cmd(data_bin, save, *SCHED, "--max-update", "12")).stdout
-    first = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
-    valid = log_records(log, "valid")
-    # one history entry per validation: mid-pass (every 3 updates) and end-of-pass ones, none twice
-    assert [int(r["valid_num_updates"]) for r in valid] == sorted({int(r["valid_num_updates"]) for r in valid})
-    assert len(first["history"]) == len(valid) > 4
-    assert [round(v, 3) for v in first["history"]] == pytest.approx([float(r["valid_loss"]) for r in valid])
-    assert first["decay_updates"], "the test setup should make decays fire"
-    assert first["flat_lr"] == 2e-3 * 0.5 ** len(first["decay_updates"])
-
-    # resume: the second run must restart from exactly the saved state
-    log = run(train_cmd(data_bin, save, *SCHED, "--max-update", "18")).stdout
-    restored = [json.loads(m.group(1)) for m in re.finditer(r"val_decay: restored state (\{.*\})", log)]
-    assert restored == [first]
-    second = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
-    assert second["history"][: len(first["history"])] == first["history"]
-    assert len(second["history"]) > len(first["history"]) and second["num_updates"] == 18
-    # the LR fairseq logged after resuming is the restored flat LR (until a new decay)
-    train_inner = [r for r in log_records(log, "train_inner") if int(r["num_updates"]) == 13]
-    assert float(train_inner[-1]["lr"]) == pytest.approx(first["flat_lr"], rel=1e-3)
-
-
-def test_training_stops_below_min_lr(data_bin, tmp_path):
-    save = str(tmp_path / "ck")
-    # peak 2e-3 halves on decays: 1e-3 is not below 1e-3, 5e-4 is (strict <, as TwT)
-    log = run(train_cmd(data_bin, save, *SCHED, "--max-update", "200", "--decay-stop-lr", "1e-3")).stdout
-    state = ckpt_state(os.path.join(save, "checkpoint_last.pt"))
-    assert "< --decay-stop-lr 0.001: stopping training" in log
-    crossing = state["decay_updates"][1]  # 2e-3 -> 1e-3 -> 5e-4
-    # one more update after the validation that crossed, then fairseq validates (which may decay
-    # once more), saves and stops
-    assert state["num_updates"] == crossing + 1 < 200
-    assert state["decay_updates"][2:] in ([], [crossing + 1])
-    assert "Stopping training due to num_updates" in log
-

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, SHARED_DATA as SHARED
+from helpers import REPO, SHARED_DATA as SHARED
 from qknorm_fairseq import data_stats
 
 pytestmark = pytest.mark.integration  # prepare.sh on data, each test

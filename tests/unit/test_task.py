@@ -7,7 +7,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from conftest import BIN, USER_DIR, run, train_cmd
+from helpers import BIN, USER_DIR, run, train_cmd
 from qknorm_fairseq.task import TranslationQKConfig, TranslationQKTask, gnmt_penalty, gnmt_rerank
 
 

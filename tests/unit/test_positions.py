@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_model import batch, build
+from helpers import batch, build
 
 
 def original_formula(length, dim, odd_is_sin):

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, pipeline_env
+from helpers import REPO, pipeline_env
 from qknorm_pipeline import recipes, study
 from qknorm_pipeline.scoring import compare
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, USER_DIR, fairseq, fairseq_inprocess, run, train_args
-from test_model import ARCHS
+from helpers import REPO, USER_DIR, fairseq, fairseq_inprocess, run, train_args
+from helpers import ARCHS
 
 
 def losses(log):

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, env
+from helpers import REPO, env
 from qknorm_pipeline import recipes
 
 # the papers' pairs and the demo must be there; a user's own pair (a new configs/*.yaml) may be too

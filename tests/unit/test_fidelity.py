@@ -6,8 +6,8 @@ import pytest
 import torch
 from fairseq import options, tasks
 
-from conftest import TINY_MODEL
-from test_model import batch, build
+from helpers import TINY_MODEL
+from helpers import batch, build
 
 TWT_PRESETS = ["transformer_postnorm", "transformer_prenorm", "transformer_fixnorm", "transformer_scalenorm",
                "transformer_qknorm", "transformer_hnas"]

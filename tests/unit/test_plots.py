@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import pipeline_env
+from helpers import pipeline_env
 from qknorm_pipeline import plots
 
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, naive_bleu, pipeline_env
+from helpers import REPO, naive_bleu, pipeline_env
 from qknorm_pipeline.scoring import compare
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import fairseq
+from helpers import fairseq
 from qknorm_pipeline import precision_check
 from qknorm_pipeline.fairseq_train import fix_args
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, pipeline_env
+from helpers import REPO, pipeline_env
 
 pytestmark = pytest.mark.integration  # the real commands, as a user runs them
 

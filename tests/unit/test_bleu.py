@@ -10,7 +10,7 @@ import sys
 import pytest
 import sacrebleu
 
-from conftest import brute_force_bootstrap_p, naive_bleu
+from helpers import brute_force_bootstrap_p, naive_bleu
 from qknorm_pipeline.scoring import bleu
 from qknorm_pipeline.scoring.score import main as cli
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, brute_force_bootstrap_p, pipeline_env
+from helpers import REPO, brute_force_bootstrap_p, pipeline_env
 
 
 @pytest.mark.system

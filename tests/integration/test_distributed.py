@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TINY_MODEL, USER_DIR
+from helpers import REPO, TINY_MODEL, USER_DIR
 
 # ValDecay with patience 1 and a high stop LR, so that a tiny run decays and stops within budget.
 RECIPE = ["--task", "translation_qk", "--arch", "transformer_qknorm", *TINY_MODEL, "--share-all-embeddings",

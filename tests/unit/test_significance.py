@@ -8,7 +8,7 @@ import sacrebleu
 from qknorm_pipeline.scoring import bleu
 import itertools
 
-from conftest import bleu_from_stats, sentence_stats
+from helpers import bleu_from_stats, sentence_stats
 from qknorm_pipeline.scoring.significance import (approximate_randomization, paired_bootstrap,
                                                   replicate_bootstrap)
 

@@ -9,7 +9,7 @@ from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, FairseqIn
 
 from qknorm_fairseq.task import GNMTSequenceGenerator, TranslationQKConfig, TranslationQKTask
 from qknorm_fairseq.twt_search import TwTSequenceGenerator
-from test_model import build
+from helpers import build
 
 D = Dictionary()
 A, B, C, DD, E = (D.add_symbol(w) for w in "a b c d e".split())
@@ -105,6 +105,19 @@ def test_eos_forbidden_at_first_step_and_max_length():
     best = hypos[0]["tokens"].tolist()
     assert best[0] == A  # not EOS, though EOS has the highest probability at step 1
     assert len(best) == 2 + 2 + 1 and EOS not in best  # cut at its own maximum length, no EOS
+
+
+def test_an_exact_tie_goes_to_the_higher_slot_as_in_the_original():
+    """The original's final pick is np.argsort(scores)[::-1]: of two equal scores, the later slot."""
+    model = _ScriptedModel(_Encoder(D), _ScriptedDecoder(D)).eval()
+    gen = TwTSequenceGenerator([model], D, beam_size=3, max_len_b=5, gnmt_alpha=0.6)
+    slots = torch.tensor([[EOS, A, EOS], [EOS, B, EOS], [EOS, C, EOS]])
+    scores = torch.tensor([-0.5, -0.4, -0.4])
+    hypos = gen._hypotheses(slots, torch.zeros(3, 2), scores)
+    assert [h["tokens"].tolist() for h in hypos] == [[C, EOS], [B, EOS], [A, EOS]]
+    import numpy as np
+
+    assert list(np.argsort(scores.numpy(), kind="stable")[::-1]) == [2, 1, 0]  # the original's order
 
 
 def test_task_builds_the_twt_generator_and_refuses_fairseq_length_norm():
