@@ -1,11 +1,11 @@
 """qknorm-fairseq: a fairseq plugin (`--user-dir qknorm_fairseq`). Importing it registers the model
-`qknorm_transformer` and its presets, the criterion, the task, the LR scheduler and the optimizer."""
-from . import (  # noqa: F401  (the model before its presets)  # noqa: F401
-    architectures,
-    checkpoint_compat,  # noqa: F401  (lets torch >= 2.6 load fairseq checkpoints)
-    criterion,
-    fairseq_quirks,  # noqa: F401  (first: imports fairseq, undoing its import-time side effects)
-    lr_scheduler,
-    model,
-    task,
-)
+`qknorm_transformer` and its presets, the criterion, the task and the LR scheduler."""
+# isort: skip_file  (the order matters: fairseq's import-time quirks are undone first, the model
+# is registered before its presets)
+from . import fairseq_quirks  # noqa: F401
+from . import checkpoint_compat  # noqa: F401  (lets torch >= 2.6 load fairseq checkpoints)
+from . import model  # noqa: F401
+from . import architectures  # noqa: F401
+from . import criterion  # noqa: F401
+from . import lr_scheduler  # noqa: F401
+from . import task  # noqa: F401

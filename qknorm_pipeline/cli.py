@@ -79,11 +79,12 @@ def log(tag, text):
 
 
 def main(run, parser, argv=None):
-    """Parse ARGV with PARSER and call run(args); a UserError becomes its one line and exit status,
-    Ctrl-C ends with 130, a closed output pipe with 1."""
+    """Parse ARGV with PARSER and call run(args); the exit status: 0, or a UserError's (its message
+    one line), 130 on Ctrl-C, 1 on a closed output pipe."""
     args = parser.parse_args(argv)
     try:
-        return run(args) or 0
+        run(args)
+        return 0
     except UserError as e:
         hint = f" (see {parser.prog} --help)" if isinstance(e, UsageError) else ""
         print(f"[{parser.tag}] error: {e}{hint}", file=sys.stderr)

@@ -70,8 +70,10 @@ def wrap_parser(parse, argv):
 
 def main(argv=None):
     silence_noise()
+    # isort: off
+    from fairseq_cli import train  # first: it sets fairseq's log format before fairseq is imported
     from fairseq import options
-    from fairseq_cli import train  # first: it sets up fairseq's log format before fairseq is imported
+    # isort: on
 
     import qknorm_fairseq  # noqa: F401  (registered now; --user-dir then finds it imported)
 

@@ -26,7 +26,7 @@ from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
 from .fairseq_log import LogError, parse_log
 from .files import write_atomic
-from .paths import folders
+from .paths import folders, short
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -128,9 +128,9 @@ def run(a):
     settings = (f"{a.pair} recipe (configs/{a.pair}.yaml), {a.updates} updates, warmup shortened to {a.warmup} updates, "
                 f"seed 1, no validation; {gpu}, torch {torch.__version__}; {a.jobs} runs sharing the GPU. Command: "
                 f"bash scripts/precision_check.sh --pair {a.pair} --updates {a.updates} --warmup {a.warmup}")
-    if not report(os.path.join(where.logs, a.pair), systems, settings, os.path.join(where.results, "gpu", "precision"),
-                  tolerance=a.tolerance):
-        return 1
+    out = os.path.join(where.results, "gpu", "precision")
+    if not report(os.path.join(where.logs, a.pair), systems, settings, out, tolerance=a.tolerance):
+        raise UserError(f"a precision failed the check or a run is missing: {short(out)}.md says which")
 
 
 def main(argv=None):

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 from .cli import Parser, UsageError
 from .cli import main as run_main
 from .data.stats import REMOVE_BPE, read_stats
-from .paths import CONFIG_DIR, USER_DIR, folders
+from .paths import CONFIG_DIR, USER_DIR, folders, short
 
 BASE = "base"
 
@@ -128,7 +128,7 @@ class Cpu:
     # A CPU run's numbers depend on the thread count and the instruction set the kernels use
     # (docs/reproducibility.md). Set both to get the same numbers on every x86-64 machine with AVX2.
     threads: Optional[int] = None           # OMP_NUM_THREADS and MKL_NUM_THREADS
-    isa: Optional[str] = None               # e.g. avx2: ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2
+    isa: Optional[str] = None               # e.g. avx2: ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA
 
 
 @dataclass
@@ -214,7 +214,7 @@ def load(pair, data_bin=None, announce=False):
         data_bin = data_bin or default_data_bin(pair)
         stats = read_stats(data_bin)
         if stats is None:
-            raise RecipeError(f"unknown pair {pair!r}: no {path} and no prepared data in {data_bin}. Known pairs: "
+            raise RecipeError(f"unknown pair {pair!r}: no {short(path)} and no prepared data in {short(data_bin)}. Known pairs: "
                               f"{', '.join(available_pairs())}; for your own corpus run first: "
                               f"bash scripts/prepare.sh --pair {pair} --src-dir DIR")
         n_train = stats["lines"]["train"]["kept"]
@@ -389,7 +389,8 @@ def cpu_env(cfg, environ=None):
     if cfg.cpu.threads:
         pins.update(OMP_NUM_THREADS=str(cfg.cpu.threads), MKL_NUM_THREADS=str(cfg.cpu.threads))
     if cfg.cpu.isa:
-        pins.update(ATEN_CPU_CAPABILITY=cfg.cpu.isa.lower(), MKL_CBWR=cfg.cpu.isa.upper())
+        pins.update(ATEN_CPU_CAPABILITY=cfg.cpu.isa.lower(), MKL_CBWR=cfg.cpu.isa.upper(),
+                    ONEDNN_MAX_CPU_ISA=cfg.cpu.isa.upper())
     for key, value in pins.items():
         env.setdefault(key, value)
     return env

@@ -223,7 +223,7 @@ def parser():
     p.add_argument("--precision", default="fp32", help="fp32|fp16|bf16, on a GPU (default fp32); a CPU run is always fp32")
     p.add_argument("--schedule", help="LR schedule from the config's schedules: (valdecay, nowarmup, invsqrtdecay, "
                                       "valdecay_2xlr, invsqrtdecay_2xlr); default: the config's train.schedule")
-    p.add_argument("--stopping", help="stopping rule from the config's stopping: (twt, twt_paper, qknorm); "
+    p.add_argument("--stopping", help="stopping rule from the config's stopping: (twt_paper, twt_code, qknorm); "
                                       "default: the system's (docs/training.md)")
     p.add_argument("--paper-qknorm-length", action="store_true",
                    help="QKNorm's L from the config (the papers' value) instead of the data")
@@ -258,8 +258,10 @@ def run(a):
     _check(opts)
     r = plan(a.words[0], a.words[1], opts)
     if a.dry_run:
+        if r.split:
+            log(TAG, r.split)
         print(shown(r.cmd))
-        return 0
+        return
     if opts.gpus and gpu_count() < opts.gpus:
         raise UserError(f"--gpus {opts.gpus}: torch sees {gpu_count()} CUDA device(s) on this machine")
     train(r)

@@ -86,7 +86,7 @@ if [[ ! -x $VENV/bin/fast ]]; then
   g++ -std=c++11 -pthread -O3 -I"$(dirname "$main")" "$main" -o "$VENV/bin/fast"
   rm -rf "$tmp"
 fi
-"$PY" -c 'import fairseq, fastBPE, sacrebleu, sentencepiece, sacremoses, qknorm_fairseq, qknorm_pipeline' \
+"$PY" -c 'import qknorm_fairseq, qknorm_pipeline, fairseq, fastBPE, sacrebleu, sentencepiece, sacremoses' \
   || die "the environment in $VENV is incomplete; remove it and run again"
 printf '%s\n%s\n' "$want" "$(src_hash)" >"$stamp"
 say "environment ready in $((SECONDS - t0)) s: $VENV"

@@ -5,6 +5,7 @@ import json
 import os
 
 from .. import recipes
+from ..cli import UsageError
 from ..files import read_lines, write_lines
 from . import readers, sources
 from .common import SPLITS, DataError, NotFound, log, staged_dir
@@ -88,7 +89,7 @@ def write_split_files(data, out, src, tgt, meta):
 def download(pair, out, cache, source=None):
     known = [p for p in recipes.available_pairs() if p != "demo"]
     if pair not in recipes.available_pairs():
-        raise DataError(f"unknown pair {pair!r}: downloadable pairs are {', '.join(known)}; for your own "
+        raise UsageError(f"unknown pair {pair!r}: downloadable pairs are {', '.join(known)}; for your own "
                         f"corpus run: bash scripts/prepare.sh --pair {pair} --src-dir DIR")
     cfg = recipes.load(pair)
     data_cfg = cfg.data

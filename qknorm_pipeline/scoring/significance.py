@@ -7,6 +7,8 @@
   Identical systems therefore get p = 1 and a clearly better one p = 1/(n+1).
 * ``approximate_randomization`` (Riezler & Maxwell 2005): swap the two systems' outputs per
   sentence at random; p = share of swaps whose |score difference| reaches the observed one.
+* ``seed_bootstrap``: the paired bootstrap over test sentences and training seeds together, for
+  systems trained with several seeds (one seed each: it is ``paired_bootstrap``).
 
 Why not sacrebleu's ``_paired_bs_test``/``_paired_ar_test`` directly: they count only
 resamples whose centred difference is strictly greater than the observed one, so two
@@ -41,11 +43,7 @@ def paired_bootstrap(sys_stats, base_stats, n_samples=1000, seed=12345, score_fn
     (default: multi-bleu.perl's). Returns dict(p_value, delta, mean, ci)."""
     _check(sys_stats, base_stats)
     n = len(sys_stats)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_samples, n))
-    # counts of each sentence in each resample, so one matrix product scores all samples
-    weights = np.zeros((n_samples, n))
-    np.add.at(weights, (np.arange(n_samples)[:, None], idx), 1)
+    weights = resample_weights(np.random.default_rng(seed), n, n_samples)
     s_sys = _scores(sys_stats, weights, score_fn)
     s_base = _scores(base_stats, weights, score_fn)
     not_better = int(np.sum(s_sys <= s_base))
@@ -83,7 +81,8 @@ def _scores_offset(base, offset, swap, score_fn):
 
 
 def resample_weights(rng, n_sentences, n_samples):
-    """(n_samples, n_sentences) counts of each sentence in each resampled test set."""
+    """(n_samples, n_sentences) counts of each sentence in each resampled test set, so that one
+    matrix product scores every resample."""
     idx = rng.integers(0, n_sentences, size=(n_samples, n_sentences))
     weights = np.zeros((n_samples, n_sentences))
     np.add.at(weights, (np.arange(n_samples)[:, None], idx), 1)

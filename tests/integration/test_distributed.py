@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, TINY_MODEL, USER_DIR
+from helpers import REPO, TINY_MODEL, USER_DIR, environment
 
 # ValDecay with patience 1 and a high stop LR, so that a tiny run decays and stops within budget.
 RECIPE = ["--task", "translation_qk", "--arch", "transformer_qknorm", *TINY_MODEL, "--share-all-embeddings",
@@ -111,7 +111,7 @@ def _guard_worker(rank, port, value, out):
     dist.destroy_process_group()
 
 
-@pytest.mark.integration  # two processes over gloo
+
 @pytest.mark.parametrize("rank_local", [False, True])
 def test_same_on_all_ranks_raises_on_every_rank_when_they_differ(rank_local):
     import torch.multiprocessing as mp
@@ -148,7 +148,7 @@ def test_default_backend_on_cpu_is_refused_with_the_fix(tiny_data, tmp_path):
 def test_train_sh_gpus_dry_run(gpus, tokens):
     out = subprocess.run(["bash", os.path.join(REPO, "scripts/train.sh"), "--dry-run", "--gpus", str(gpus),
                           "--precision", "bf16", "gl-en", "qknorm"], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, QKNORM_USE_ENV="1"))
+                         env=environment())
     cmd = out.stdout.split()
     assert cmd[:6] == ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "qknorm_pipeline.fairseq_train"]
     # the last --max-tokens wins in argparse: the recipe's 4096 tokens per update, split over the GPUs
@@ -161,7 +161,7 @@ def test_train_sh_gpus_dry_run(gpus, tokens):
 
 def test_train_sh_gpus_that_do_not_divide_the_update_are_refused():
     out = subprocess.run(["bash", os.path.join(REPO, "scripts/train.sh"), "--dry-run", "--gpus", "3", "gl-en",
-                          "qknorm"], capture_output=True, text=True, env=dict(os.environ, QKNORM_USE_ENV="1"))
+                          "qknorm"], capture_output=True, text=True, env=environment())
     assert out.returncode != 0
     assert "3 GPU processes do not divide the recipe's 4096 tokens per update: pass --max-tokens-per-gpu" in out.stderr
 
@@ -172,7 +172,7 @@ def test_slurm_script_starts_one_torchrun_per_machine(tmp_path):
     (tmp_path / "srun").write_text('#!/bin/bash\nshift\nfor n in 0 1; do SLURM_NODEID=$n "$@" || exit 1; done\n')
     for f in ("scontrol", "srun"):
         (tmp_path / f).chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=REPO, SLURM_NNODES="2",
+    env = dict(environment(), PATH=f"{tmp_path}:{environment()['PATH']}", SLURM_SUBMIT_DIR=REPO, SLURM_NNODES="2",
                SLURM_JOB_NODELIST="gpu-[a-b]", SLURM_GPUS_ON_NODE="4", QKNORM_USE_ENV="1")
     out = subprocess.run(["bash", os.path.join(REPO, "scripts/slurm_train.sbatch"), "--dry-run", "--precision",
                           "bf16", "gl-en", "qknorm", "--max-update", "10"], capture_output=True, text=True, env=env)
@@ -187,7 +187,7 @@ def test_slurm_script_starts_one_torchrun_per_machine(tmp_path):
     assert out.stderr.count("8 GPU processes x 512 tokens = 4096 tokens per update") == 2
 
 
-@pytest.mark.system  # ~1 min: four trainings; prints the numbers the README quotes
+# ~1 min: four trainings; prints the numbers docs/scaling.md quotes (-s)
 @pytest.mark.parametrize("dropout", ["none", "preset"])
 def test_two_ranks_against_one_with_update_freq_2(tiny_data, tmp_path, dropout):
     flags = ["--max-update", "40", "--decay-stop-lr", "-1", "--disable-validation"]

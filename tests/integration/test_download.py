@@ -20,13 +20,15 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from helpers import REPO
+
 from qknorm_pipeline import recipes
+from qknorm_pipeline.cli import UsageError
 from qknorm_pipeline.data import fetch, sources
 from qknorm_pipeline.data.common import SPLITS, DataError
 from qknorm_pipeline.data.download import download
 from qknorm_pipeline.data.sources import HF_SPLITS
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HTML = b"<!DOCTYPE html>\n<html><head><title>Domain parked</title></head><body>gone</body></html>\n"
 LANGS = ["en", "gl", "sk", "he"]
 # inside sentences: every character str.splitlines() breaks at besides "\n" and "\r"
@@ -425,7 +427,7 @@ def test_expected_counts_are_enforced_for_exact_sources(tmp_path, monkeypatch, c
 
 
 def test_unknown_pair_and_source(tmp_path, configs):
-    with pytest.raises(DataError, match=r"unknown pair 'xx-yy'.*prepare.sh --pair xx-yy --src-dir"):
+    with pytest.raises(UsageError, match=r"unknown pair 'xx-yy'.*prepare.sh --pair xx-yy --src-dir"):
         download("xx-yy", str(tmp_path / "raw"), str(tmp_path / "cache"))
     with pytest.raises(DataError, match="unknown source 'nope' for gl-en"):
         download("gl-en", str(tmp_path / "raw"), str(tmp_path / "cache"), source="nope")

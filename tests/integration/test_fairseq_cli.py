@@ -5,9 +5,9 @@ import re
 import sys
 
 import pytest
-
 from helpers import REPO, USER_DIR, fairseq, fairseq_inprocess, run, train_args
-from helpers import ARCHS
+
+from qknorm_fairseq.architectures import PRESETS as ARCHS
 
 
 def losses(log):
@@ -107,3 +107,12 @@ def test_checkpoint_holds_no_unsafe_globals_beyond_the_allow_list(trained):
         found = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(trained[arch][0] / "checkpoint_last.pt")))
         assert found <= names, found - names
     print(json.dumps(sorted(names)))
+
+
+def test_decode_precision_on_a_cpu_is_an_error(tiny_data, tmp_path):
+    fairseq("train", *train_args(tiny_data / "bin", tmp_path / "ck", "transformer_postnorm", "--cpu", max_epoch=1))
+    out = fairseq("generate", tiny_data / "bin", "--user-dir", USER_DIR, "--path",
+                  tmp_path / "ck/checkpoint_last.pt", "--task", "translation_qk", "--source-lang", "src",
+                  "--target-lang", "tgt", "--cpu", "--decode-precision", "bf16", "--beam", "2", check=False)
+    assert out.returncode != 0
+    assert "--decode-precision bf16 needs a CUDA device" in out.stderr

@@ -8,27 +8,21 @@ import subprocess
 import sys
 
 import pytest
-
-from helpers import REPO, pipeline_env
-
-pytestmark = pytest.mark.integration  # the real commands, as a user runs them
+from helpers import REPO, environment
 
 SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.sh")) + glob.glob(os.path.join(REPO, "scripts", "*.sbatch")))
+# the doors: scripts/X.sh runs `door qknorm_pipeline.MODULE`
+DOORS = {os.path.basename(p): m for p in SCRIPTS for m in re.findall(r"^door (qknorm_pipeline\.[\w.]+)", open(p).read(), re.M)}
 # python -m entry points, with their sub-commands
 MODULES = {"recipes": ["get", "train-args", "generate-args", "systems", "schedules"],
            "scoring": [], "scoring.compare": [], "plots": ["dev-bleu", "grad-norm", "scales", "attention"],
-           "corpora": ["download", "tokenize", "spm", "stats", "config"], "data.demo": [],
-           "benchmark": ["speed", "kernels"], "precision_check": [], "progress": ["train", "decode"],
-           "fingerprint": [], "study": ["get", "train-flags", "stock-args", "report"], "ablation": []}
+           "data.demo": [], "benchmark": ["speed", "kernels"], "precision_check": [], "progress": ["train", "decode"],
+           "fingerprint": [], "study": [], "ablation": [], "train": [], "evaluate": [], "prepare": [], "download": [],
+           "reproduce": []}
 
 
 def env(**extra):
-    # the Python running the tests is the environment the scripts use (no .venv is built)
-    e = dict(os.environ, QKNORM_USE_ENV="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-             PYTHONPATH=REPO)
-    e.pop("VERBOSE", None)
-    e.update(extra)
-    return e
+    return environment(**extra)
 
 
 def sh(script, *argv, **extra):
@@ -41,11 +35,16 @@ def py(module, *argv, **extra):
                           env=env(**extra), cwd=REPO)
 
 
-def script_options(path):
-    """Every --option a script's `case` patterns accept (the lines `  --name) ...`)."""
-    text = open(path).read()
-    pats = re.findall(r"^\s*((?:-[\w-]+\|?)+)\)", text, re.M)
-    return sorted({o for p in pats for o in p.split("|") if o.startswith("--") and o != "--"})
+def module_source(module):
+    """The source of a module, or of every module of a package (benchmark/, study/)."""
+    path = {"scoring": "scoring/score"}.get(module, module.replace(".", "/"))
+    files = glob.glob(os.path.join(REPO, "qknorm_pipeline", path, "*.py")) or [os.path.join(REPO, "qknorm_pipeline",
+                                                                                         path + ".py")]
+    return "".join(open(f).read() for f in files)
+
+
+def options_of(source):
+    return set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", source))
 
 
 def test_install_and_test_runner_parse_help_before_doing_anything():
@@ -55,30 +54,35 @@ def test_install_and_test_runner_parse_help_before_doing_anything():
         assert body[0].startswith("case ${1:-} in -h|--help)"), (name, body[0])
 
 
-@pytest.mark.parametrize("path", [p for p in SCRIPTS if os.path.basename(p) not in ("lib.sh", "install.sh",
-                                                                                      "run_tests.sh")],
-                         ids=os.path.basename)
-def test_every_script_answers_help_with_every_option(path):
-    p = subprocess.run(["bash", path, "--help"], capture_output=True, text=True, env=env())
+def test_every_script_but_the_tools_is_a_thin_door():
+    """A script is a door into its Python command: nothing but sourcing lib.sh and `door`."""
+    assert sorted(DOORS) == sorted(os.path.basename(p) for p in SCRIPTS if os.path.basename(p) not in (
+        "lib.sh", "install.sh", "run_tests.sh", "slurm_train.sbatch"))
+    for name in DOORS:
+        code = [ln for ln in open(os.path.join(REPO, "scripts", name)) if ln.strip() and not ln.startswith("#")]
+        assert len(code) == 2 and code[0].startswith("source ") and code[1].startswith("door "), (name, code)
+
+
+@pytest.mark.parametrize("script", sorted(DOORS))
+def test_every_script_answers_help_with_its_commands_options(script):
+    p = sh(script, "--help")
     assert p.returncode == 0, p.stderr
-    missing = [o for o in script_options(path) if o not in p.stdout]
-    assert p.stdout.strip() and not missing, f"{os.path.basename(path)} --help lacks {missing}"
+    assert p.stdout.startswith(f"usage: bash scripts/{script}"), p.stdout[:200]
+    module = DOORS[script].removeprefix("qknorm_pipeline.")
+    text = p.stdout + "".join(sh(script, sub, "--help").stdout for sub in MODULES.get(module, []))
+    missing = sorted(o for o in options_of(module_source(module)) if o not in text)
+    assert not missing, f"{script} --help lacks {missing}"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_every_module_answers_help_with_every_option(module):
-    path = "scoring/score" if module == "scoring" else module.replace(".", "/")  # scoring/__main__.py runs score
-    # a package (benchmark/): every module in it
-    files = glob.glob(os.path.join(REPO, "qknorm_pipeline", path, "*.py")) or [os.path.join(REPO, "qknorm_pipeline",
-                                                                                         path + ".py")]
-    source = "".join(open(f).read() for f in files)
     texts = []
     for sub in [None, *MODULES[module]]:
         p = py(module, *([sub] if sub else []), "--help")
         assert p.returncode == 0 and "Traceback" not in p.stderr, (module, sub, p.stderr[-2000:])
         texts.append(p.stdout)
-    options = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", source))
-    assert options, module
+    options = options_of(module_source(module))
+    assert options or module in ("data.demo", "ablation"), module  # these take positional arguments only
     missing = sorted(o for o in options if not any(o in t for t in texts))
     assert not missing, f"{module} --help lacks {missing}"
 
@@ -89,12 +93,12 @@ def test_training_entry_point_answers_help():
 
 
 USAGE_ERRORS = [
-    ("train.sh", ["--bogus", "demo", "postnorm"], "unknown option --bogus"),
+    ("train.sh", ["--bogus", "demo", "postnorm"], "unknown option --bogus before PAIR SYSTEM; fairseq flags go after"),
     ("train.sh", ["demo"], "need PAIR and SYSTEM"),
     ("train.sh", ["--precision"], "--precision needs a value"),
     ("train.sh", ["--precision", "fp8", "demo", "postnorm"], "--precision must be fp32, fp16 or bf16"),
     ("train.sh", ["--dry-run", "demo", "nosuch"], "no system 'nosuch'"),
-    ("train.sh", ["--dry-run", "nosuch", "postnorm"], "unknown pair 'nosuch'"),
+    ("train.sh", ["--dry-run", "nosuch", "postnorm"], "unknown pair 'nosuch': no configs/nosuch.yaml"),
     ("evaluate.sh", ["demo"], "need PAIR and SYSTEM"),
     ("evaluate.sh", ["nosuch", "postnorm"], "unknown pair 'nosuch'"),
     ("evaluate.sh", ["demo", "nosuch"], "unknown system 'nosuch'"),
@@ -102,9 +106,11 @@ USAGE_ERRORS = [
     ("reproduce.sh", ["--systems"], "--systems needs a value"),
     ("compare.sh", ["nosuch"], "unknown pair 'nosuch'"),
     ("download.sh", [], "name a pair"),
+    ("download.sh", ["nosuch"], "unknown pair 'nosuch': downloadable pairs are ar-en, en-he, en-vi, gl-en, sk-en"),
+    ("study.sh", ["--seeds", "0"], "--seeds must be a positive integer, got 0"),
     ("prepare.sh", ["--bogus"], "unknown option --bogus"),
     ("benchmark.sh", ["--reps"], "--reps needs a value"),
-    ("precision_check.sh", ["--bogus"], "unknown argument --bogus"),
+    ("precision_check.sh", ["--bogus"], "unknown option --bogus"),
 ]
 
 
@@ -113,7 +119,9 @@ def test_script_usage_errors_are_one_line_and_exit_2(script, argv, message, tmp_
     p = sh(script, *argv, CKPT_DIR=str(tmp_path / "ck"), RESULTS_DIR=str(tmp_path / "res"))
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and message in lines[0], (p.returncode, p.stderr)
-    assert "Traceback" not in p.stdout + p.stderr and "--help" in lines[0]
+    tag = {"benchmark.sh": "speed"}.get(script, script.removesuffix(".sh"))
+    assert lines[0].startswith(f"[{tag}] error: ") and lines[0].endswith(" --help)"), lines[0]
+    assert "Traceback" not in p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("module,argv,message", [
@@ -259,8 +267,7 @@ def test_fingerprint_covers_files_and_every_flag(tmp_path):
 
 def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
     root = tiny_pipeline
-    e = dict(pipeline_env(root), QKNORM_USE_ENV="1")
-    e.pop("VERBOSE", None)
+    e = environment(root)
     run = lambda *extra: subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "postnorm",  # noqa: E731
                                          *extra], env=e, capture_output=True, text=True)
     log = os.path.join(root, "results", "demo", "postnorm", "generate.log")
@@ -303,8 +310,7 @@ def test_readme_where_things_live_names_every_module_and_script():
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     section = text.split("## Where things live")[1].split("\n## ")[0]
     named = {n for n in re.findall(r"`([\w/]+\.(?:py|sh|sbatch))`", section)
-             if n not in ("setup.py", "__init__.py") and not n.startswith("tests/")}
-    package = os.path.join(REPO, "qknorm_fairseq")
-    tree = {os.path.relpath(f, package) for f in glob.glob(os.path.join(package, "**", "*.py"), recursive=True)}
-    tree = {m for m in tree if not m.endswith("__init__.py")} | {os.path.basename(f) for f in SCRIPTS}
+             if not n.endswith("__init__.py") and not n.startswith("tests/")}
+    tree = {os.path.relpath(f, REPO) for f in glob.glob(os.path.join(REPO, "qknorm_*", "**", "*.py"), recursive=True)}
+    tree = {m for m in tree if not m.endswith("__init__.py")} | {os.path.relpath(f, REPO) for f in SCRIPTS}
     assert sorted(tree - named) == [] and sorted(named - tree) == []

@@ -2,7 +2,10 @@
 scripts/evaluate.sh writes them under RESULTS_DIR=RESULTS/SEARCH."""
 import json
 
+import pytest
+
 from qknorm_pipeline import ablation
+from qknorm_pipeline.fairseq_log import LogError
 
 
 def _run(tmp_path, run, valid, bleu):
@@ -17,21 +20,28 @@ def _run(tmp_path, run, valid, bleu):
         (d / "scores.json").write_text(json.dumps({"systems": {run: {"multi_bleu": score}}}))
 
 
-def test_ablation_report_reads_every_run_and_search(tmp_path):
+def test_ablation_report_reads_every_run_and_search(tmp_path, capsys):
     _run(tmp_path, "qknorm", [(100, 40.0), (200, 80.5), (300, 79.0)], {"twt": 90.0, "fairseq": 89.5})
     _run(tmp_path, "qknorm_nobias", [(100, 38.0), (200, 70.0)], {"twt": 85.25, "fairseq": 86.0})
-    rc = ablation.main(["--pair", "demo", "--system", "qknorm", "--runs", "qknorm=recipe",
-                        "qknorm_nobias=--no-output-bias", "--log-dir", str(tmp_path / "logs" / "demo"),
-                        "--results", str(tmp_path / "results"), "--out", str(tmp_path / "abl")])
-    assert rc == 0
-    runs = json.loads((tmp_path / "abl.json").read_text())["runs"]
-    assert runs["qknorm"]["stopped_at"] == 300 and runs["qknorm"]["best_dev_bleu"] == 80.5
-    assert runs["qknorm_nobias"]["test_fairseq"] == 86.0
-    assert "| qknorm_nobias | --no-output-bias | 200 | 70.00 | 85.25 | 86.00 | -4.75 |" in (tmp_path / "abl.md").read_text()
+    rows = {run: {"what": what, **ablation.run_row(str(tmp_path / "logs" / "demo" / run / "train.log"),
+                                                   str(tmp_path / "results"), "demo", run)}
+            for run, what in (("qknorm", "none"), ("qknorm_nobias", "--no-output-bias"))}
+    assert rows["qknorm"]["stopped_at"] == 300 and rows["qknorm"]["best_dev_bleu"] == 80.5
+    assert rows["qknorm_nobias"]["test_fairseq"] == 86.0
+    ablation.write_report("demo", "qknorm", rows, "Command: x", str(tmp_path / "abl"))
+    md = (tmp_path / "abl.md").read_text()
+    assert "| qknorm_nobias | --no-output-bias | 200 | 70.00 | 85.25 | 86.00 | -4.75 |" in md
+    assert md in capsys.readouterr().out
+    assert json.loads((tmp_path / "abl.json").read_text())["runs"]["qknorm"]["test_twt"] == 90.0
 
 
-def test_ablation_report_names_a_missing_decoding(tmp_path, capsys):
+def test_ablation_report_names_a_missing_decoding(tmp_path):
     _run(tmp_path, "qknorm", [(100, 40.0)], {"twt": 90.0})
-    rc = ablation.main(["--pair", "demo", "--system", "qknorm", "--runs", "qknorm=recipe", "--log-dir",
-                        str(tmp_path / "logs" / "demo"), "--results", str(tmp_path / "results"), "--out", str(tmp_path / "a")])
-    assert rc == 1 and "evaluate qknorm with --beam-search fairseq" in capsys.readouterr().err
+    with pytest.raises(LogError, match="evaluate qknorm with --beam-search fairseq"):
+        ablation.run_row(str(tmp_path / "logs" / "demo" / "qknorm" / "train.log"), str(tmp_path / "results"),
+                         "demo", "qknorm")
+
+
+def test_the_alternative_stopping_rule_is_the_other_procedure():
+    assert ablation.alternative("twt_paper") == "twt_code"
+    assert ablation.alternative("twt_code") == ablation.alternative("qknorm") == "twt_paper"

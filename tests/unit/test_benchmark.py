@@ -1,4 +1,5 @@
 """Smoke runs of qknorm_pipeline.benchmark (speed, kernels): structure of the outputs, never timings."""
+import argparse
 import json
 import os
 import re
@@ -47,8 +48,9 @@ def test_speed_rejects_bad_settings(tmp_path, capsys):
 
 def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys):
     out = tmp_path / "kern"
-    times = main(["kernels", "--dim", "16", "--heads", "2", "--tokens", "8", "--p", "2", "4",
-                            "--iters", "2", "--reps", "2", "--out", str(out)])
+    from qknorm_pipeline.benchmark import kernels
+
+    times = kernels.run(argparse.Namespace(dim=16, heads=2, tokens=8, p=[2.0, 4.0], iters=2, reps=2, out=str(out)))
     names = {name for name, _ in times}
     assert names == {"LayerNorm", "ScaleNorm", "RMSNorm", "vector_norm p=2", "lp_normalize p=2",
                      "vector_norm p=4", "lp_normalize p=4"}

@@ -1,12 +1,13 @@
-"""compare table on fixture results, and scripts/evaluate.sh + compare.sh on a real tiny model."""
+"""The comparison table on fixture results (tests/system runs evaluate.sh and compare.sh on a
+trained model)."""
 import csv
 import json
 import os
-import subprocess
 
 import pytest
+import sacrebleu
+from helpers import REPO, naive_bleu
 
-from helpers import REPO, naive_bleu, pipeline_env
 from qknorm_pipeline.scoring import compare
 
 
@@ -101,7 +102,7 @@ def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypa
     """evaluate writes a reference inside the repository relative to it (results, such as a study's
     committed records, never name this machine's paths), and compare finds it from any directory."""
     from qknorm_pipeline import paths
-    from qknorm_pipeline.scoring import evaluate
+    from qknorm_pipeline.scoring import score
 
     monkeypatch.setattr(paths, "ROOT", str(tmp_path))
     monkeypatch.setattr(compare, "ROOT", str(tmp_path))
@@ -113,7 +114,7 @@ def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypa
         d = tmp_path / "results" / "gl-en" / name
         d.mkdir(parents=True)
         (d / "hyp.txt").write_text("".join(h + "\n" for h in lines))
-        scores = evaluate.score_systems([str(tmp_path / "data" / "test.en")], [(name, str(d / "hyp.txt"))])
+        scores = score.score_systems([str(tmp_path / "data" / "test.en")], [(name, str(d / "hyp.txt"))])
         assert scores["reference"] == [os.path.join("data", "test.en")]
         (d / "scores.json").write_text(json.dumps(scores))
     (tmp_path / "elsewhere").mkdir()
@@ -141,29 +142,39 @@ def test_published_csv_complete():
     assert all(r["metric"] in compare.ALL_METRICS for r in rows)
 
 
-@pytest.mark.system  # ~100-270 s: every `recipe` call in the scripts imports fairseq (package __init__)
-def test_evaluate_and_compare_scripts_on_tiny_model(tiny_pipeline):
-    root = tiny_pipeline
-    env = pipeline_env(root)
-    for system in ("postnorm", "prenorm"):
-        p = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", system],
-                           env=env, capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr[-3000:]
-        out = os.path.join(root, "results", "demo", system)
-        hyps = open(os.path.join(out, "hyp.txt")).read().splitlines()
-        assert len(hyps) == 40
-        scores = json.load(open(os.path.join(out, "scores.json")))
-        ref = open(os.path.join(root, "data", "demo", "tok", "test.tgt")).read().splitlines()
-        assert scores["systems"][system]["multi_bleu"] == pytest.approx(naive_bleu(hyps, ref), abs=1e-6)
-    again = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "prenorm"],
-                           env=env, capture_output=True, text=True)
-    assert again.returncode == 0 and "already evaluated" in again.stderr
-    p = subprocess.run(["bash", os.path.join(REPO, "scripts", "compare.sh", ), "demo"], env=env,
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "| prenorm |" in p.stdout
-    table = json.load(open(os.path.join(root, "results", "demo", "compare.json")))
-    assert table["baseline"] == "postnorm" and len(table["rows"]) == 2
-    missing = subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), "demo", "nosuch"],
-                             env=env, capture_output=True, text=True)
-    assert missing.returncode == 2 and "unknown system 'nosuch'" in missing.stderr
+def _apostrophe_results(tmp_path, pair):
+    """Escaped (Moses-tokenized) English, as the pipelines leave it, with an apostrophe per line."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    ref = tmp_path / "ref.en"
+    ref.write_text("".join(f"it &apos;s talk {i} , isn &apos;t it ?\n" for i in range(30)))
+    d = tmp_path / "results" / pair / "scalenorm"
+    d.mkdir(parents=True)
+    (d / "hyp.txt").write_text("".join(f"it &apos;s the talk {i} , isn &apos;t it\n" for i in range(30)))
+    (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu",
+                                               "detok": "moses", "systems": {}}))
+    return tmp_path / "results"
+
+
+def test_treebank_column_keeps_escapes_only_beside_a_published_qknorm_table_3_number(tmp_path):
+    """The escaped-Treebank procedure re-scores QKNorm Table 3; anywhere else the column is SacreBLEU
+    on Treebank-detokenized text with the apostrophes restored, so `&apos;` adds no easy matches."""
+    from nltk.tokenize.treebank import TreebankWordDetokenizer
+
+    detok = TreebankWordDetokenizer().detokenize
+    hyps = [f"it 's the talk {i} , isn 't it" for i in range(30)]  # the fixture's lines, escapes undone by hand
+    refs = [f"it 's talk {i} , isn 't it ?" for i in range(30)]
+    plain = sacrebleu.corpus_bleu([detok(h.split()) for h in hyps], [[detok(r.split()) for r in refs]]).score
+
+    published = tmp_path / "published.csv"
+    published.write_text("paper,table,pair,system,metric,bleu,variant\n")  # no published number for xx-en
+    table = compare.build("xx-en", str(_apostrophe_results(tmp_path / "a", "xx-en")), published_path=str(published),
+                          n_samples=20)
+    assert table["treebank_detok"] == "treebank_unescape" and not table["warnings"]
+    assert table["rows"][0]["sacrebleu_treebank"] == pytest.approx(plain, abs=0.01)
+
+    table = compare.build("gl-en", str(_apostrophe_results(tmp_path / "b", "gl-en")), n_samples=20)  # QKNorm T3: 22.01
+    assert table["treebank_detok"] == "treebank"
+    assert table["rows"][0]["sacrebleu_treebank"] > plain + 1  # `& apos ;` in both: easy matches
+    assert "60 Moses escapes" in table["warnings"][0]
+    forced = compare.build("gl-en", str(tmp_path / "b" / "results"), n_samples=20, treebank_detok="treebank_unescape")
+    assert forced["rows"][0]["sacrebleu_treebank"] == pytest.approx(plain, abs=0.01)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qknorm_pipeline import corpora, files
+from qknorm_pipeline import files, recipes
 from qknorm_pipeline.data import demo as demo_corpus
 from qknorm_pipeline.data import common, download, fetch, readers, sources, tokenize
 from qknorm_pipeline.data.common import DataError
@@ -151,12 +151,13 @@ def test_check_counts_strict_and_reported(capsys):
     assert "train: 2 lines, expected 3" in capsys.readouterr().err
 
 
-def test_shell_config():
-    lines = dict(line.split("=", 1) for line in corpora.shell_config("gl-en").splitlines())
-    assert lines["known"] == "1" and lines["src"] == "gl" and lines["tgt"] == "en"
-    assert lines["bpe_merges"] == "3000" and lines["tokenized"] == "true" and lines["expected_train"] == "10017"
-    # a pair without a config: the base recipe's data settings, and prepare.sh asks for --tokenized/--raw
-    assert corpora.shell_config("xx-yy").splitlines() == ["known=0", "max_len=250", "bpe=fastbpe", "bpe_merges=8000"]
+def test_data_settings_of_a_pair_and_of_the_base_recipe():
+    """What download.sh and prepare.sh read: a known pair's data section, or the base recipe's."""
+    cfg = recipes.load("gl-en")
+    assert (cfg.src, cfg.tgt, cfg.data.source, cfg.data.tokenized) == ("gl", "en", "ted_hrlr", True)
+    assert cfg.data.bpe_merges == 3000 and cfg.data.expected_lines["train"] == 10017
+    base = recipes.base().data  # a pair without a config (prepare.sh then asks for --tokenized/--raw)
+    assert (base.source, base.max_len, base.bpe.value, base.bpe_merges) == (None, 250, "fastbpe", 8000)
 
 
 # ---------------------------------------------------------------- demo corpus

@@ -1,11 +1,10 @@
-"""The GPU-facing pieces that run anywhere: the precision report, the training entry point's
-fixes to fairseq's arguments, and decoding precision."""
+"""The GPU-facing pieces that run anywhere: the precision report and the training entry point's
+fixes to fairseq's arguments (tests/integration/test_fairseq_cli.py: decoding precision on a CPU)."""
 import argparse
 import json
 
 import pytest
 
-from helpers import fairseq
 from qknorm_pipeline import precision_check
 from qknorm_pipeline.fairseq_train import fix_args
 
@@ -24,21 +23,19 @@ def test_precision_report_compares_every_logged_update_with_fp32(tmp_path):
     _log(tmp_path / "qknorm_fp32", {10: 8.0, 20: 6.0, 30: 5.0})
     _log(tmp_path / "qknorm_bf16", {10: 8.1, 20: 6.3, 30: 5.0})  # 1.25%, 5%, 0%
     _log(tmp_path / "qknorm_fp16", {10: 8.0, 20: float("nan"), 30: 5.0})
-    rc = precision_check.main(["--log-dir", str(tmp_path), "--systems", "qknorm", "--tolerance", "0.04",
-                               "--out", str(tmp_path / "report")])
+    ok = precision_check.report(str(tmp_path), ["qknorm"], "settings", str(tmp_path / "report"), tolerance=0.04)
     res = json.loads((tmp_path / "report.json").read_text())["results"]["qknorm"]
     assert res["bf16"]["max_rel_diff"] == pytest.approx(0.05)
     assert res["bf16"]["mean_rel_diff"] == pytest.approx((0.0125 + 0.05) / 3)
     assert res["bf16"]["finite"] and not res["bf16"]["passed"]  # 5% > 4%
     assert not res["fp16"]["finite"] and not res["fp16"]["passed"]
-    assert rc == 1
+    assert not ok
     assert "| qknorm | bf16 | 3 | 5.000 (5.000) | 0.0500 | 0.0208 | yes | NO |" in (tmp_path / "report.md").read_text()
 
 
 def test_precision_report_names_a_missing_run(tmp_path):
     _log(tmp_path / "postnorm_fp32", {10: 8.0})
-    assert precision_check.main(["--log-dir", str(tmp_path), "--systems", "postnorm", "--out",
-                                 str(tmp_path / "r")]) == 1
+    assert not precision_check.report(str(tmp_path), ["postnorm"], "settings", str(tmp_path / "r"))
     assert "postnorm bf16: train log" in (tmp_path / "r.md").read_text()
 
 
@@ -46,8 +43,7 @@ def test_a_failed_precision_does_not_hide_the_other(tmp_path):
     _log(tmp_path / "qknorm_fp32", {10: 8.0, 20: 6.0})
     _log(tmp_path / "qknorm_bf16", {10: 8.0, 20: 6.06})
     (tmp_path / "qknorm_fp16").mkdir()  # the run died before its first logged update
-    assert precision_check.main(["--log-dir", str(tmp_path), "--systems", "qknorm", "--out",
-                                 str(tmp_path / "r")]) == 1
+    assert not precision_check.report(str(tmp_path), ["qknorm"], "settings", str(tmp_path / "r"))
     report = (tmp_path / "r.md").read_text()
     assert "| qknorm | bf16 | 2 | 6.060 (6.000) | 0.0100 | 0.0050 | yes | yes |" in report
     assert "- missing: qknorm fp16: " in report
@@ -73,14 +69,3 @@ def test_cpu_ranks_get_legacy_ddp_unless_told_otherwise(monkeypatch):
     assert fix_args(ns(cpu=True, distributed_world_size=2), given).ddp_backend == "pytorch_ddp"
     monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun's
     assert fix_args(ns(cpu=True), []).ddp_backend == "legacy_ddp"
-
-
-def test_decode_precision_on_a_cpu_is_an_error(tiny_data, tmp_path):
-    from conftest import train_args
-
-    fairseq("train", *train_args(tiny_data / "bin", tmp_path / "ck", "transformer_postnorm", "--cpu", max_epoch=1))
-    out = fairseq("generate", tiny_data / "bin", "--user-dir", __import__("conftest").USER_DIR, "--path",
-                  tmp_path / "ck/checkpoint_last.pt", "--task", "translation_qk", "--source-lang", "src",
-                  "--target-lang", "tgt", "--cpu", "--decode-precision", "bf16", "--beam", "2", check=False)
-    assert out.returncode != 0
-    assert "--decode-precision bf16 needs a CUDA device" in out.stderr

@@ -1,17 +1,14 @@
-"""configs/*.yaml training recipes -> fairseq-train / fairseq-generate command lines, and scripts/train.sh."""
+"""configs/*.yaml training recipes -> fairseq-train / fairseq-generate command lines
+(tests/integration/test_train.py runs scripts/train.sh)."""
 import json
 import math
 import os
 import re
 import shlex
-import shutil
-import subprocess
-import sys
 
 import pytest
-import yaml
+from helpers import REPO, module
 
-from helpers import REPO, env
 from qknorm_pipeline import recipes
 
 # the papers' pairs and the demo must be there; a user's own pair (a new configs/*.yaml) may be too
@@ -19,7 +16,7 @@ PAPER_PAIRS = ["ar-en", "demo", "en-he", "en-vi", "gl-en", "sk-en"]
 PAIRS = sorted(recipes.available_pairs())
 SYSTEMS = ["postnorm", "prenorm", "fixnorm", "scalenorm", "rmsnorm", "qknorm", "lpqknorm", "dnas", "hnas"]
 SCHEDULES = ["valdecay", "nowarmup", "invsqrtdecay", "valdecay_2xlr", "invsqrtdecay_2xlr"]
-RECIPE_SECTIONS = ("model", "train", "schedules", "decode", "systems")
+RECIPE_SECTIONS = ("model", "train", "schedules", "stopping", "decode", "systems", "cpu")
 
 
 def flag(args, name):
@@ -30,10 +27,9 @@ def test_every_pair_has_the_recipe_sections():
     assert set(PAPER_PAIRS) <= set(PAIRS), f"missing recipes: {sorted(set(PAPER_PAIRS) - set(PAIRS))}"
     for pair in PAIRS:
         cfg = recipes.load(pair)
-        for section in RECIPE_SECTIONS:
-            assert isinstance(cfg.get(section), dict), f"{pair}: no {section}: section"
-        assert list(cfg["systems"]) == SYSTEMS
-        assert [k for k in cfg["schedules"] if k != "default"] == SCHEDULES
+        assert list(cfg.systems) == SYSTEMS
+        assert list(cfg.schedules) == SCHEDULES and cfg.train.schedule in SCHEDULES
+        assert {s.stopping for s in cfg.systems.values()} <= set(cfg.stopping)
 
 
 def test_every_recipe_value_has_a_source_comment():
@@ -64,11 +60,14 @@ def test_train_args_parse_with_fairseq_for_every_system_and_schedule(pair):
     for system, schedule in combos:
         args = recipes.train_args(cfg, system, schedule, save_dir="/tmp/x")
         ns = _parse(args)
-        assert ns.arch == cfg["systems"][system]["arch"] and ns.task == "translation_qk"
-        assert ns.encoder_layers == cfg["model"]["encoder_layers"] and ns.dropout == cfg["model"]["dropout"]
-        assert ns.max_update == cfg["train"]["epoch_updates"] * cfg["train"]["max_epochs"]
-        assert ns.validate_interval_updates == ns.save_interval_updates == cfg["train"]["epoch_updates"]
-        assert ns.patience == -1  # the original code has no dev-BLEU early stopping
+        assert ns.arch == cfg.systems[system].arch and ns.task == "translation_qk"
+        assert ns.encoder_layers == cfg.model.encoder_layers and ns.dropout == cfg.model.dropout
+        assert ns.max_update == cfg.train.epoch_updates * cfg.train.max_epochs
+        assert ns.validate_interval_updates == ns.save_interval_updates == cfg.train.epoch_updates
+        rule = cfg.stopping[cfg.systems[system].stopping]
+        assert (ns.patience, ns.decay_stop_lr if ns.lr_scheduler == "val_decay" else rule.stop_lr) == (
+            rule.patience, rule.stop_lr)
+        assert ns.positions == ("qknorm" if cfg.systems[system].qknorm else "fairseq")
         assert ns.length_norm == "gnmt" and ns.gnmt_alpha == 0.6 and ns.maximize_best_checkpoint_metric
         assert ns.beam_search == "twt"
         assert ns.best_checkpoint_metric == "bleu" and ns.eval_bleu
@@ -79,10 +78,11 @@ def test_twt_values_reach_the_command_line():
     args = recipes.train_args(gl, "scalenorm")
     ns = _parse(args)
     assert (ns.encoder_layers, ns.encoder_attention_heads, ns.dropout) == (4, 4, 0.4)  # TwT Table 1
-    assert ns.max_update == 100 * 1000 and ns.patience == -1
+    assert ns.max_update == 100 * 1000 and ns.patience == 50  # TwT Appendix A: 50 validations for gl->en
     assert ns.lr_scheduler == "val_decay" and ns.warmup_updates == 8000
     assert ns.lr[0] == pytest.approx(1 / math.sqrt(512 * 8000), rel=1e-5)  # ~4.94e-4
-    assert (ns.decay_factor, ns.decay_patience, ns.decay_stop_lr) == (0.8, 3, 5e-5)  # TwT code base()
+    assert recipes.peak_lr(1, 512, 8000) == pytest.approx(4.941e-4, rel=1e-3)
+    assert (ns.decay_factor, ns.decay_patience, ns.decay_stop_lr) == (0.8, 3, 1e-6)  # TwT Sec. 3.3, Appendix A
     assert ns.stop_min_lr < 0  # fairseq's own check would stop a warmup from 0 at once
     assert (ns.clip_norm, ns.max_tokens, ns.weight_decay, ns.label_smoothing) == (1.0, 4096, 0.0, 0.1)
 
@@ -97,14 +97,28 @@ def test_twt_values_reach_the_command_line():
 
 @pytest.mark.parametrize("pair, qknorm_stop", [("gl-en", 5e-5), ("sk-en", 1e-5), ("en-vi", 1e-5), ("en-he", 1e-5),
                                                ("ar-en", 1e-5)])
-def test_stopping_rules_follow_each_papers_code(pair, qknorm_stop):
+def test_stopping_rules_follow_the_procedure_of_each_published_table(pair, qknorm_stop):
+    """QKNorm rows: the QKNorm code's rule. TwT rows: TwT Appendix A, the procedure of TwT Table 3;
+    the TwT repository's code (no early stopping, stop at 5e-5, NOWARMUP) one flag away."""
     cfg = recipes.load(pair)
     qk = _parse(recipes.train_args(cfg, "qknorm"))
-    assert (qk.decay_stop_lr, qk.patience) == (qknorm_stop, -1)
-    twt = _parse(recipes.train_args(cfg, "postnorm"))
-    assert (twt.decay_stop_lr, twt.patience) == (5e-5, -1)
-    text = _parse(recipes.train_args(cfg, "postnorm", stopping_rule="twt_paper"))
-    assert (text.decay_stop_lr, text.patience) == (1e-6, 50 if pair == "gl-en" else 20)
+    assert (qk.decay_stop_lr, qk.patience, qk.warmup_updates) == (qknorm_stop, -1, 8000)
+    paper = _parse(recipes.train_args(cfg, "postnorm"))
+    assert (paper.decay_stop_lr, paper.patience) == (1e-6, 50 if pair == "gl-en" else 20)
+    assert (paper.warmup_updates, paper.lr[0]) == (8000, pytest.approx(recipes.peak_lr(1, cfg.model.embed_dim, 8000)))
+    code = _parse(recipes.train_args(cfg, "postnorm", stopping_rule="twt_code"))
+    assert (code.decay_stop_lr, code.patience, code.warmup_updates, code.lr[0]) == (5e-5, -1, 0, 3e-4)
+    with pytest.raises(recipes.RecipeError, match="no stopping rule 'nope'; known: twt_paper, twt_code, qknorm"):
+        recipes.train_args(cfg, "postnorm", stopping_rule="nope")
+
+
+def test_cpu_pins_reach_the_environment_and_the_user_wins():
+    demo = recipes.load("demo")
+    env = recipes.cpu_env(demo, {"PATH": "/bin"})
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["ATEN_CPU_CAPABILITY"], env["MKL_CBWR"],
+            env["ONEDNN_MAX_CPU_ISA"]) == ("2", "2", "avx2", "AVX2", "AVX2")
+    assert recipes.cpu_env(demo, {"OMP_NUM_THREADS": "1"})["OMP_NUM_THREADS"] == "1"
+    assert recipes.cpu_env(recipes.load("gl-en"), {"PATH": "/bin"}) == {"PATH": "/bin"}  # no pins: torch's defaults
 
 
 def test_decoding_uses_twt_search_for_test_and_dev():
@@ -114,16 +128,24 @@ def test_decoding_uses_twt_search_for_test_and_dev():
     assert _parse(recipes.train_args(cfg, "qknorm")).beam_search == "twt"  # --eval-bleu's generator
 
 
-def test_errors_name_the_problem():
+def test_errors_name_the_problem(tmp_path, monkeypatch):
     gl = recipes.load("gl-en")
-    with pytest.raises(SystemExit, match="no system 'nosuch'; known: postnorm"):
+    with pytest.raises(recipes.RecipeError, match="no system 'nosuch'; known: postnorm"):
         recipes.train_args(gl, "nosuch")
-    with pytest.raises(SystemExit, match="no schedule 'fast'; known: valdecay"):
+    with pytest.raises(recipes.RecipeError, match="no schedule 'fast'; known: valdecay"):
         recipes.train_args(gl, "scalenorm", "fast")
-    with pytest.raises(SystemExit, match="does not use QKNorm"):
+    with pytest.raises(recipes.RecipeError, match="does not use QKNorm"):
         recipes.train_args(gl, "scalenorm", paper_qknorm_length=True)
-    with pytest.raises(SystemExit, match="has no model.qknorm_length"):
+    with pytest.raises(recipes.RecipeError, match="has no model.qknorm_length"):
         recipes.train_args(recipes.load("demo"), "qknorm", paper_qknorm_length=True)
+    with pytest.raises(recipes.RecipeError, match="unknown pair 'xx-yy'.*bash scripts/prepare.sh --pair xx-yy"):
+        recipes.load("xx-yy", data_bin=str(tmp_path))
+    # a misspelt key in a config is named with its file
+    monkeypatch.setattr(recipes, "CONFIG_DIR", str(tmp_path))
+    (tmp_path / "base.yaml").write_text(open(os.path.join(REPO, "configs", "base.yaml")).read())
+    (tmp_path / "xx-yy.yaml").write_text("src: xx\ntgt: yy\nmodel:\n  embed_dims: 256\n")
+    with pytest.raises(recipes.RecipeError, match=r"configs/xx-yy.yaml over configs/base.yaml: model.embed_dims"):
+        recipes.load("xx-yy")
 
 
 def test_generate_args_parse_with_fairseq():
@@ -136,78 +158,20 @@ def test_generate_args_parse_with_fairseq():
     assert ns.lenpen == 1 and not ns.unnormalized  # GNMT replaces fairseq's --lenpen
 
 
-def _cli(*argv):
-    # as scripts/train.sh runs it (`python -m` skips fairseq's import: qknorm_fairseq/__init__.py)
-    return subprocess.run([sys.executable, "-m", "qknorm_pipeline.recipes", *argv],
-                          capture_output=True, text=True, cwd=REPO, env=env())
-
-
-def test_cli_get_still_works_and_train_args_is_one_shell_line():
-    assert _cli("get", "gl-en", "data.bpe_merges").stdout.strip() == "3000"
-    out = _cli("train-args", "sk-en", "qknorm", "--schedule", "nowarmup").stdout.strip().splitlines()
+def test_cli_get_and_train_args_is_one_shell_line():
+    assert module("recipes", "get", "gl-en", "data.bpe_merges").stdout.strip() == "3000"
+    out = module("recipes", "train-args", "sk-en", "qknorm", "--schedule", "nowarmup").stdout.strip().splitlines()
     assert len(out) == 1
     args = shlex.split(out[0])
     assert flag(args, "--arch") == "transformer_qknorm" and flag(args, "--lr") == "0.0003"
     assert flag(args, "--eval-bleu-args") == '{"beam": 4, "max_len_a": 1, "max_len_b": 50}'
 
 
-def _train_sh(*argv, **extra_env):
-    return subprocess.run(["bash", os.path.join(REPO, "scripts", "train.sh"), *argv], capture_output=True,
-                          text=True, env=env(**extra_env))
-
-
-def test_train_sh_dry_run_passes_extra_flags_and_picks_the_device(tmp_path):
-    p = _train_sh("--dry-run", "gl-en", "qknorm", "--max-update", "7", CKPT_DIR=str(tmp_path / "ck"))
-    assert p.returncode == 0, p.stderr
-    args = shlex.split(p.stdout)
-    assert args[:3] == ["python", "-m", "qknorm_pipeline.fairseq_train"] and args[-2:] == ["--max-update", "7"]  # extra last: they win
-    assert flag(args, "--save-dir") == str(tmp_path / "ck" / "gl-en" / "qknorm")
-    import torch
-
-    assert ("--cpu" in args) != torch.cuda.is_available()
-    # the printed command is what fairseq parses
-    ns = _parse(args[3:])
-    assert ns.max_update == 7 and ns.arch == "transformer_qknorm"
-    # the recipe of the issue: the QKNorm code's stopping and the original beam search
-    assert (ns.decay_stop_lr, ns.patience, ns.beam_search) == (5e-5, -1, "twt")
-
-
-def test_train_sh_refuses_bad_input():
-    p = _train_sh("--dry-run", "gl-en", "nosuch")
-    assert p.returncode != 0 and "no system 'nosuch'" in p.stderr
-    p = _train_sh("--precision", "fp8", "gl-en", "qknorm")
-    assert p.returncode != 0 and "--precision must be fp32, fp16 or bf16" in p.stderr
-
-
-def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
-    # the demo recipe (languages src/tgt) on the tiny corpus, cut short with pass-through flags
-    shutil.copytree(tiny_data / "bin", tmp_path / "data-bin" / "demo")
-    roots = dict(DATA_BIN=str(tmp_path / "data-bin"), CKPT_DIR=str(tmp_path / "ck"), LOG_DIR=str(tmp_path / "logs"))
-    extra = ["--max-update", "4", "--validate-interval-updates", "2", "--num-workers", "0", "--max-tokens", "512",
-             "--log-interval", "1", "--eval-bleu-args", '{"beam": 4, "max_len_a": 1, "max_len_b": 5}']
-    p = _train_sh("demo", "postnorm", *extra, **roots)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    save, log = tmp_path / "ck" / "demo" / "postnorm", tmp_path / "logs" / "demo" / "postnorm" / "train.log"
-    assert (save / "checkpoint_best.pt").exists() and (save / "checkpoint_last.pt").exists()
-    assert f"log {log}, checkpoints {save}/" in p.stderr
-    # the progress display without a terminal: a line per validation, then the summary
-    assert re.search(r"demo/postnorm 2/4 updates  loss [\d.]+  dev BLEU [\d.]+  lr ", p.stderr), p.stderr
-    assert re.search(r"demo/postnorm: 4 updates in \d+:\d\d, loss [\d.]+, best dev BLEU", p.stderr), p.stderr
-    assert "| INFO |" not in p.stderr + p.stdout  # fairseq's own lines are in the log only
-    text = log.read_text()
-    assert re.search(r"\| INFO \| train_inner \| \{.*\"num_updates\": \"4\"", text)
-    valid = re.findall(r"\| INFO \| valid \| (\{.*\})", text)
-    assert len(valid) == 2 and all('"valid_bleu"' in v for v in valid)  # dev BLEU every 2 updates
-    # the same command again is skipped (resuming is fairseq's, from checkpoint_last.pt: test_lr_scheduler)
-    p = _train_sh("demo", "postnorm", *extra, **roots)
-    assert p.returncode == 0 and "already trained with this command" in p.stderr
-
-
 def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, monkeypatch, capsys):
-    """tests/data/recipes_golden.json: the CLI outputs captured from the six full configs before
-    they became base.yaml + per-pair differences; every system, schedule, stopping rule and key."""
-    from qknorm_pipeline import corpora
-
+    """tests/data/recipes_golden.json: the CLI outputs captured from the six full configs before they
+    became base.yaml + per-pair differences, every system, schedule, stopping rule and key (regenerated
+    once, for #33's intended changes: TwT rows stop by the paper's rule, QKNorm rows use the QKNorm
+    code's position table)."""
     monkeypatch.setenv("DATA_BIN", str(tmp_path))  # no prepared data: the recipes alone
     golden = json.loads(open(os.path.join(REPO, "tests", "data", "recipes_golden.json")).read())
     assert sorted(golden) == PAPER_PAIRS
@@ -215,11 +179,8 @@ def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, 
     for pair, outputs in golden.items():
         for call, expected in outputs.items():
             words = call.split()
-            if words[0] == "corpora":
-                corpora.main(["config", "--pair", pair])
-            else:
-                recipes.main([words[0], pair, *words[1:]])
+            recipes.main([words[0], pair, *words[1:]])
             got = capsys.readouterr().out.strip().replace(recipes.USER_DIR, "USER_DIR")
             assert got == expected, f"{call} {pair}"
             checked += 1
-    assert checked == 209
+    assert checked == 203

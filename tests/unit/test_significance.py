@@ -1,16 +1,16 @@
-"""Paired bootstrap (Koehn 2004) and approximate randomisation on per-sentence BLEU stats."""
+"""Paired bootstrap (Koehn 2004), approximate randomisation and the seed bootstrap on per-sentence
+BLEU statistics, against textbook BLEU written independently of the package."""
+import itertools
 import random
 
 import numpy as np
 import pytest
 import sacrebleu
+from helpers import bleu_from_stats, sentence_stats
 
 from qknorm_pipeline.scoring import bleu
-import itertools
-
-from helpers import bleu_from_stats, sentence_stats
-from qknorm_pipeline.scoring.significance import (approximate_randomization, paired_bootstrap,
-                                                  replicate_bootstrap)
+from qknorm_pipeline.scoring.significance import (approximate_randomization, format_p, paired_bootstrap,
+                                                  seed_bootstrap, seed_means)
 
 
 def _corpus(seed=0, n=150):
@@ -74,47 +74,94 @@ def test_seed_reproducible_and_sacrebleu_metric():
 def test_mismatched_lengths_rejected():
     with pytest.raises(ValueError, match="same sentences"):
         paired_bootstrap(np.zeros((3, 10)), np.zeros((4, 10)))
+    with pytest.raises(ValueError, match="same sentences"):
+        seed_bootstrap([np.zeros((3, 10))], [np.zeros((3, 10)), np.zeros((4, 10))])
 
 
-def _runs(refs, hyps_per_seed):
+def _textbook(refs, hyps_per_seed):
     return [[sentence_stats(h, r) for h, r in zip(hyps, refs)] for hyps in hyps_per_seed]
 
 
-def test_replicate_bootstrap_matches_exhaustive_enumeration_on_a_tiny_case():
-    # 3 sentences, 2 seeds per system: every equally likely outcome (27 sentence resamples x 4 seed
-    # draws per system) enumerated with a BLEU written independently of the package
-    refs = ["a b c d e f g h", "i j k l m n o p", "q r s t u v w x"]
-    sys_runs = _runs(refs, [["a b c d e f g z", "i j k l m n z z", "q r s t u v w x"],
-                            ["a b c z e f g h", "i j k l m n o p", "q r z t u v z x"]])
-    base_runs = _runs(refs, [["a b c d e f g h", "i j z l m n o z", "q r s z u v w z"],
-                             ["a b z d e f g h", "i j k l m n o p", "q z s t u v w x"]])
+def _package_layout(runs):
+    """textbook stats (matches/totals interleaved, then lengths) in the package's column order:
+    lengths, then matches, then totals."""
+    return [[[st[8], st[9], *st[0:8:2], *st[1:8:2]] for st in run] for run in runs]
 
-    def corpus(run, idx):
-        return bleu_from_stats([sum(col) for col in zip(*(run[i] for i in idx))])
+
+def _corpus_bleu(run, idx):
+    return bleu_from_stats([sum(col) for col in zip(*(run[i] for i in idx))])
+
+
+def test_seed_bootstrap_equals_the_procedure_written_out():
+    # the same random draws (sentences, then the system's seeds, then the baseline's), every resample
+    # scored from scratch with textbook BLEU, the seeds' spread widened by sqrt(k / (k - 1)) by hand
+    refs, noisy = _corpus(seed=3, n=25)
+    sys_runs = _textbook(refs, [noisy(0.25), noisy(0.3), noisy(0.2)])
+    base_runs = _textbook(refs, [noisy(0.3), noisy(0.35)])
+    n_samples, n = 150, len(refs)
+    rng = np.random.default_rng(11)
+    idx = rng.integers(0, n, size=(n_samples, n))
+
+    def drawn_means(runs):
+        k = len(runs)
+        scores = np.array([[_corpus_bleu(run, sample) for sample in idx] for run in runs])
+        centre = scores.mean(0)
+        widened = centre + np.sqrt(k / (k - 1)) * (scores - centre)
+        picks = rng.integers(0, k, size=(k, n_samples))
+        return np.array([widened[picks[:, j], j].mean() for j in range(n_samples)])
+
+    d = drawn_means(sys_runs) - drawn_means(base_runs)
+    res = seed_bootstrap(_package_layout(sys_runs), _package_layout(base_runs), n_samples=n_samples, seed=11)
+    assert res["p_value"] == pytest.approx((np.sum(d <= 0) + 1) / (n_samples + 1))
+    assert res["p_two_sided"] == pytest.approx(min(1, 2 * (min(np.sum(d <= 0), np.sum(d >= 0)) + 1) / (n_samples + 1)))
+    assert res["ci95"] == pytest.approx(list(np.percentile(d, [2.5, 97.5])))
+    full = range(n)
+    assert res["delta"] == pytest.approx(np.mean([_corpus_bleu(r, full) for r in sys_runs])
+                                         - np.mean([_corpus_bleu(r, full) for r in base_runs]))
+
+
+def test_seed_bootstrap_matches_exhaustive_enumeration_on_a_tiny_case():
+    # 3 sentences, 2 seeds per system: every equally likely outcome (27 sentence resamples x 4 seed
+    # draws per system) enumerated, with each system's two scores spread by sqrt(2) around their mean
+    refs = ["a b c d e f g h", "i j k l m n o p", "q r s t u v w x"]
+    sys_runs = _textbook(refs, [["a b c d e f g z", "i j k l m n z z", "q r s t u v w x"],
+                                ["a b c z e f g h", "i j k l m n o p", "q r z t u v z x"]])
+    base_runs = _textbook(refs, [["a b c d e f g h", "i j z l m n o z", "q r s z u v w z"],
+                                 ["a b z d e f g h", "i j k l m n o p", "q z s t u v w x"]])
+
+    def widened(runs, idx):
+        s = [_corpus_bleu(run, idx) for run in runs]
+        c = sum(s) / 2
+        return [c + 2 ** 0.5 * (x - c) for x in s]
 
     not_better = total = 0
     for idx in itertools.product(range(3), repeat=3):
+        ws, wb = widened(sys_runs, idx), widened(base_runs, idx)
         for ds in itertools.product(range(2), repeat=2):
             for db in itertools.product(range(2), repeat=2):
-                m_sys = sum(corpus(sys_runs[d], idx) for d in ds) / 2
-                m_base = sum(corpus(base_runs[d], idx) for d in db) / 2
-                not_better += m_sys <= m_base + 1e-9
+                not_better += sum(ws[d] for d in ds) / 2 <= sum(wb[d] for d in db) / 2 + 1e-9
                 total += 1
     exact = not_better / total
     assert 0.2 < exact < 0.8, "the case must not be trivial"
-    def layout(runs):  # the package's order: lengths, then matches, then totals
-        return [[[st[8], st[9], *st[0:8:2], *st[1:8:2]] for st in run] for run in runs]
-    res = replicate_bootstrap(layout(sys_runs), layout(base_runs), n_samples=40000, seed=3)
+    res = seed_bootstrap(_package_layout(sys_runs), _package_layout(base_runs), n_samples=40000, seed=3)
     assert res["p_value"] == pytest.approx(exact, abs=0.012)  # 4 standard errors
-    mean = lambda runs: sum(corpus(r, range(3)) for r in runs) / 2  # noqa: E731
-    assert res["delta"] == pytest.approx(mean(sys_runs) - mean(base_runs), abs=1e-6)
 
 
-def test_replicate_bootstrap_with_one_seed_is_the_paired_bootstrap():
+def test_seed_means_have_the_variance_of_a_mean_of_new_seeds():
+    # two seeds 2 apart: sample variance s^2 = 2, so a mean of two new seeds varies by s^2 / 2 = 1;
+    # drawing the two scores with replacement without the widening would give 0.5
+    scores = np.tile([[10.0], [12.0]], (1, 200000))
+    drawn = seed_means(scores, np.random.default_rng(0))
+    assert drawn.mean() == pytest.approx(11.0, abs=0.01)
+    assert drawn.var() == pytest.approx(1.0, rel=0.02)
+
+
+def test_seed_bootstrap_with_one_seed_is_the_paired_bootstrap():
     refs, noisy = _corpus(seed=5)
     a, b = bleu.multi_bleu(noisy(0.3), [refs]).stats, bleu.multi_bleu(noisy(0.35), [refs]).stats
-    assert (replicate_bootstrap([a], [b], n_samples=500, seed=9)["p_value"]
-            == paired_bootstrap(a, b, n_samples=500, seed=9)["p_value"])
+    res = seed_bootstrap([a], [b], n_samples=500, seed=9)
+    assert res["p_value"] == paired_bootstrap(a, b, n_samples=500, seed=9)["p_value"]
+    assert res["seeds"] == [1, 1]
 
 
 def test_one_lucky_seed_is_not_significant():
@@ -124,5 +171,12 @@ def test_one_lucky_seed_is_not_significant():
     good, bad = bleu.multi_bleu(noisy(0.1), [refs]).stats, bleu.multi_bleu(noisy(0.6), [refs]).stats
     base = [bleu.multi_bleu(noisy(0.35), [refs]).stats for _ in range(2)]
     assert paired_bootstrap(good, base[0], n_samples=500)["p_value"] < 0.01
-    assert replicate_bootstrap([good, bad], base, n_samples=2000)["p_value"] > 0.05
-    assert replicate_bootstrap([good, good], base, n_samples=2000)["p_value"] < 0.01
+    assert seed_bootstrap([good, bad], base, n_samples=2000)["p_value"] > 0.05
+    assert seed_bootstrap([good, good], base, n_samples=2000)["p_value"] < 0.01
+
+
+def test_format_p_shows_the_floor_as_a_bound():
+    assert format_p(1 / 1001, 1 / 1001) == "< 0.001"
+    assert format_p(2 / 1001, 1 / 1001, two_sided=True) == "< 0.002"
+    assert format_p(0.0123, 1 / 1001) == "0.012"
+    assert format_p(1 / 10001, 1 / 10001) == "< 0.0001"

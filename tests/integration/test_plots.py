@@ -1,19 +1,48 @@
-"""Each plot command writes a non-empty PNG from a real tiny training log / checkpoint."""
+"""Each plot command draws the numbers of a real tiny training log or checkpoint, and writes a PNG."""
+import json
 import os
 import subprocess
 import sys
 
+import matplotlib.image
 import pytest
 import torch
+from helpers import environment
 
-from helpers import pipeline_env
 from qknorm_pipeline import plots
 
 
 def _png(path):
-    assert os.path.getsize(path) > 1000
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    """A readable image with something drawn on it (not one flat colour)."""
+    img = matplotlib.image.imread(path)
+    assert img.shape[0] > 200 and img.shape[1] > 200
+    assert img.reshape(-1, img.shape[-1]).std(0).max() > 0.05
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The (label, x, y) of every line the next plot draws."""
+    lines = []
+    save = plots._save
+
+    def capture(fig, out):
+        for ax in fig.axes:
+            lines.extend((ln.get_label(), list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines())
+        return save(fig, out)
+    monkeypatch.setattr(plots, "_save", capture)
+    return lines
+
+
+def _json_records(log, key):
+    """The JSON records of fairseq's --log-file that hold KEY, read by hand; fairseq logs the last
+    validation of a run twice (at the epoch's end and at the run's): one per update count."""
+    by_update = {}
+    for line in open(log):
+        if line.startswith('{"'):
+            r = json.loads(line)
+            if key in r:
+                by_update.setdefault(r.get("valid_num_updates", r.get("num_updates")), r)
+    return list(by_update.values())
 
 
 def test_parse_log_real(tiny_pipeline):
@@ -22,11 +51,15 @@ def test_parse_log_real(tiny_pipeline):
     assert all("gnorm" in r for r in log["train_inner"]) and log["train_inner"]
 
 
-@pytest.mark.parametrize("cmd", ["dev-bleu", "grad-norm"])
-def test_log_plots(tiny_pipeline, tmp_path, cmd):
+@pytest.mark.parametrize("cmd, key", [("dev-bleu", "valid_bleu"), ("grad-norm", "gnorm")])
+def test_log_plots_draw_the_logged_numbers(tiny_pipeline, tmp_path, drawn, cmd, key):
     out = str(tmp_path / f"{cmd}.png")
     assert plots.main([cmd, "--pair", "demo", "--log-dir", os.path.join(tiny_pipeline, "logs"), "--out", out]) == 0
     _png(out)
+    assert [label for label, _, _ in drawn] == ["postnorm", "prenorm"]
+    for label, _, y in drawn:
+        logged = _json_records(tiny_pipeline / "logs" / "demo" / label / "train.log", key)
+        assert y == pytest.approx([float(r[key]) for r in logged]) and len(y) >= 2
 
 
 def test_scales_discovers_parameters(tiny_pipeline, tmp_path):
@@ -63,11 +96,13 @@ def test_attention_heatmap(tiny_pipeline, tmp_path):
                         f"prenorm={os.path.join(ck, 'prenorm', 'checkpoint_best.pt')}", "--data-bin",
                         os.path.join(tiny_pipeline, "data-bin", "demo"), "--index", "2", "--heads", "0", "1",
                         "--out", out],
-                       env=pipeline_env(tiny_pipeline), capture_output=True, text=True)
+                       env=environment(tiny_pipeline), capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     _png(out)
 
 
-def test_plot_errors(tmp_path):
-    assert plots.main(["dev-bleu", "--log", f"x={tmp_path / 'none.log'}", "--out", str(tmp_path / "a.png")]) == 2
+def test_plot_errors(tmp_path, capsys):
+    assert plots.main(["dev-bleu", "--log", f"x={tmp_path / 'none.log'}", "--out", str(tmp_path / "a.png")]) == 1
     assert not (tmp_path / "a.png").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none.log" in err[0] and "error" in err[0]

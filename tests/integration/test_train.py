@@ -1,0 +1,80 @@
+"""scripts/train.sh as a user runs it: the command it prints, its errors, a short real training."""
+import re
+import shlex
+import shutil
+
+from helpers import script
+
+
+def flag(args, name):
+    return args[args.index(name) + 1]
+
+
+def _parse(args):
+    """Parses a fairseq-train argument list with fairseq's own parser (raises on a bad flag)."""
+    from fairseq import options
+
+    return options.parse_args_and_arch(options.get_training_parser(), input_args=args)
+
+
+def _train_sh(*argv, **extra_env):
+    return script("train.sh", *argv, **extra_env)
+
+
+def test_train_sh_dry_run_passes_extra_flags_and_picks_the_device(tmp_path):
+    p = _train_sh("--dry-run", "gl-en", "qknorm", "--max-update", "7", CKPT_DIR=str(tmp_path / "ck"))
+    assert p.returncode == 0, p.stderr
+    args = shlex.split(p.stdout)
+    assert args[:3] == ["python", "-m", "qknorm_pipeline.fairseq_train"] and args[-2:] == ["--max-update", "7"]  # extra last: they win
+    assert flag(args, "--save-dir") == str(tmp_path / "ck" / "gl-en" / "qknorm")
+    import torch
+
+    assert ("--cpu" in args) != torch.cuda.is_available()
+    # the printed command is what fairseq parses
+    ns = _parse(args[3:])
+    assert ns.max_update == 7 and ns.arch == "transformer_qknorm"
+    # the QKNorm code's stopping (gl->en keeps its base() stop_lr) and the original beam search
+    assert (ns.decay_stop_lr, ns.patience, ns.beam_search, ns.positions) == (5e-5, -1, "twt", "qknorm")
+
+
+def test_train_sh_refuses_bad_input():
+    p = _train_sh("--dry-run", "gl-en", "nosuch")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "[train] error: config 'gl-en' has no system 'nosuch'; known: postnorm, prenorm, fixnorm, scalenorm, rmsnorm, "
+        "qknorm, lpqknorm, dnas, hnas (see bash scripts/train.sh --help)"]
+    p = _train_sh("--precision", "fp8", "gl-en", "qknorm")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "[train] error: --precision must be fp32, fp16 or bf16, got 'fp8' (see bash scripts/train.sh --help)"]
+
+
+def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
+    # the demo recipe (languages src/tgt) on the tiny corpus, cut short with pass-through flags
+    shutil.copytree(tiny_data / "bin", tmp_path / "data-bin" / "demo")
+    roots = dict(DATA_BIN=str(tmp_path / "data-bin"), CKPT_DIR=str(tmp_path / "ck"), LOG_DIR=str(tmp_path / "logs"))
+    extra = ["--max-update", "4", "--validate-interval-updates", "2", "--num-workers", "0", "--max-tokens", "512",
+             "--log-interval", "1", "--eval-bleu-args", '{"beam": 4, "max_len_a": 1, "max_len_b": 5}']
+    p = _train_sh("demo", "postnorm", *extra, **roots)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    save, log = tmp_path / "ck" / "demo" / "postnorm", tmp_path / "logs" / "demo" / "postnorm" / "train.log"
+    assert (save / "checkpoint_best.pt").exists() and (save / "checkpoint_last.pt").exists()
+    assert f"log {log}, checkpoints {save}/" in p.stderr
+    # the progress display without a terminal: a line per validation, then the summary
+    assert re.search(r"demo/postnorm 2/4 updates  loss [\d.]+  dev BLEU [\d.]+  lr ", p.stderr), p.stderr
+    assert re.search(r"demo/postnorm: 4 updates in \d+:\d\d, loss [\d.]+, best dev BLEU", p.stderr), p.stderr
+    assert "| INFO |" not in p.stderr + p.stdout  # fairseq's own lines are in the log only
+    text = log.read_text()
+    assert re.search(r"\| INFO \| train_inner \| \{.*\"num_updates\": \"4\"", text)
+    valid = re.findall(r"\| INFO \| valid \| (\{.*\})", text)
+    assert len(valid) == 2 and all('"valid_bleu"' in v for v in valid)  # dev BLEU every 2 updates
+    # the same command again is skipped (resuming is fairseq's, from checkpoint_last.pt: test_lr_scheduler)
+    p = _train_sh("demo", "postnorm", *extra, **roots)
+    assert p.returncode == 0 and "already trained with this command" in p.stderr
+
+
+def test_seed_option_names_the_run_and_reaches_fairseq():
+    out = script("train.sh", "--dry-run", "--seed", "3", "demo", "qknorm", root="/nonexistent")
+    assert out.returncode == 0, out.stderr
+    assert "--seed 3" in out.stdout and "/demo/qknorm_seed3" in out.stdout
+    bad = script("reproduce.sh", "demo", "--seeds", "0", root="/nonexistent")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "[reproduce] error: --seeds must be a positive integer, got 0 (see bash scripts/reproduce.sh --help)"]
