@@ -74,7 +74,7 @@ class ValDecaySchedule(FairseqLRScheduler):
         global _ACTIVE
         lrs = list(cfg.lr) if isinstance(cfg.lr, Collection) else [cfg.lr]
         if len(lrs) > 1:
-            raise ValueError("val_decay takes one --lr value, got %s" % lrs)
+            raise ValueError(f"val_decay takes one --lr value, got {lrs}")
         if cfg.warmup_updates < 0:
             raise ValueError(f"--warmup-updates must be >= 0, got {cfg.warmup_updates}")
         if not 0 < cfg.decay_factor <= 1:

@@ -92,7 +92,7 @@ def draw_plots(pair, systems, where):
     drawn = []
     with open(plot_log, "w", encoding="utf-8") as f:
         for name, cmd in plot_commands(pair, systems, where):
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            p = subprocess.run(cmd, capture_output=True, text=True)
             f.write(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}")
             said = [line for line in p.stderr.splitlines() if line.startswith(("warning: ", "[plots]"))]
             for line in said:

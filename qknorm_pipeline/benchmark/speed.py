@@ -282,7 +282,8 @@ def speed_markdown(res):
              "(dropout, attention and activation dropout alike for every model; the presets keep their own "
              "word dropout and target-vocabulary mask)  ",
              f"Training: batch {s['batch']} sentences x {s['src_len']} source / {s['tgt_len']} target tokens, "
-             f"{s['warmup_steps']} warm-up steps per model, then {s['train_steps']} timed Adam steps per repetition; decoding: beam {s['beam']}, "
+             f"{s['warmup_steps']} warm-up steps per model, then {s['train_steps']} timed Adam steps per repetition; "
+             f"decoding: beam {s['beam']}, "
              f"{s['decode_batches']} batches of {s['batch']} sentences, hypotheses forced to {s['tgt_len']} tokens. "
              f"{s['reps']} interleaved repetitions; median [interquartile range]; ratio = median / median of stock "
              f"fairseq `{STOCK}`.  ",
@@ -298,7 +299,7 @@ def speed_markdown(res):
         return f"{r['train_tflops']:.1f} | " + (f"{r['mfu']:.1%}" if r.get("mfu") is not None else "")
 
     for arch, r in res["models"].items():
-        def cell(k):
+        def cell(k, r=r):
             v = r[k]
             return f"{v['median']:.1f} [{v['q1']:.1f}-{v['q3']:.1f}]"
         if arch == STOCK:

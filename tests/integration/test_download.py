@@ -20,14 +20,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from helpers import REPO
-
 from qknorm_pipeline import recipes
 from qknorm_pipeline.cli import UsageError
 from qknorm_pipeline.data import fetch, sources
 from qknorm_pipeline.data.common import SPLITS, DataError
 from qknorm_pipeline.data.download import download
 from qknorm_pipeline.data.sources import HF_SPLITS
+
+from helpers import REPO
 
 HTML = b"<!DOCTYPE html>\n<html><head><title>Domain parked</title></head><body>gone</body></html>\n"
 LANGS = ["en", "gl", "sk", "he"]

@@ -5,9 +5,10 @@ import re
 import sys
 
 import pytest
-from helpers import REPO, USER_DIR, fairseq, fairseq_inprocess, run, train_args
 
 from qknorm_fairseq.architectures import PRESETS as ARCHS
+
+from helpers import REPO, USER_DIR, fairseq, fairseq_inprocess, run, train_args
 
 
 def losses(log):

@@ -7,9 +7,10 @@ import sys
 import matplotlib.image
 import pytest
 import torch
-from helpers import environment
 
 from qknorm_pipeline import plots
+
+from helpers import environment
 
 
 def _png(path):

@@ -8,8 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, SHARED_DATA as SHARED
 from qknorm_fairseq import data_stats
+
+from helpers import REPO
+from helpers import SHARED_DATA as SHARED
 
 pytestmark = pytest.mark.integration  # prepare.sh on data, each test
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import REPO, environment
 
 SCRIPTS = sorted(glob.glob(os.path.join(REPO, "scripts", "*.sh")) + glob.glob(os.path.join(REPO, "scripts", "*.sbatch")))

@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+
 from helpers import run, train_cmd
 
 
@@ -20,7 +21,7 @@ def ckpt_state(path):
 
 def log_records(text, tag):
     """The JSON records of one tag in fairseq-train's console log (what scripts/train.sh saves)."""
-    return [json.loads(m.group(1)) for m in re.finditer(r"\| INFO \| %s \| (\{.*\})$" % tag, text, re.M)]
+    return [json.loads(m.group(1)) for m in re.finditer(rf"\| INFO \| {tag} \| (\{{.*\}})$", text, re.M)]
 
 
 # `loss` with --maximize-best-checkpoint-metric makes "worse" mean "lower loss", so decays fire while

@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+
 from helpers import naive_bleu, script
 
 

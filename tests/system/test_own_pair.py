@@ -5,9 +5,10 @@ import os
 import shlex
 
 import pytest
-from helpers import REPO, TINY_RECIPE, environment, run
 
 from qknorm_pipeline.data import demo as demo_corpus
+
+from helpers import REPO, TINY_RECIPE, environment, run
 
 
 def script(root, name, *args):

@@ -5,6 +5,7 @@ import statistics
 import subprocess
 
 import pytest
+
 from helpers import REPO, environment
 
 

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import yaml
+
 from helpers import REPO, environment
 
 CONFIG = os.path.join(REPO, "configs", "studies", "gl-en.yaml")
@@ -84,7 +85,8 @@ def test_study_smoke_run(tmp_path):
     # a report of seeds not all finished names the missing run
     seeds2 = subprocess.run(cmd + ["--report-only", "--seeds", "2"], env=env, capture_output=True, text=True)
     assert seeds2.returncode == 2
-    assert "no record of postnorm_seed2, qknorm_seed2, fairseq_transformer_seed2 in results/study-gl-en-u20/runs/gl-en/: finish them first" \
+    assert ("no record of postnorm_seed2, qknorm_seed2, fairseq_transformer_seed2 in "
+            "results/study-gl-en-u20/runs/gl-en/: finish them first") \
         in seeds2.stderr.replace(str(tmp_path) + "/", ""), seeds2.stderr[-2000:]
     # a record made by another command (here its decoding) is never overwritten: the dry run says
     # so, the study stops, and the record is left as it was

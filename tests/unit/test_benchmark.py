@@ -81,9 +81,9 @@ def test_step_flops_and_mfu(tmp_path):
     assert res["peak_tflops"] == 2.0
     for r in res["models"].values():
         assert r["mfu"] == pytest.approx(r["train_tflops"] / 2.0)
-    import torch
-
     import argparse
+
+    import torch
 
     opts = argparse.Namespace(dim=16, layers=1, heads=2, ffn=None, dropout=0.1, src_len=5, device="cpu", dtype="fp32")
     entry = speed.build(speed.make_corpus(str(tmp_path / "c"), 30, 5), "transformer", opts)

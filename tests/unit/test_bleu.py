@@ -10,9 +10,10 @@ import sys
 import pytest
 import sacrebleu
 
-from helpers import REPO, brute_force_bootstrap_p, naive_bleu
 from qknorm_pipeline.scoring import bleu
 from qknorm_pipeline.scoring.score import main as cli
+
+from helpers import REPO, brute_force_bootstrap_p, naive_bleu
 
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
 TST2013 = os.path.join(SHARED, "iwslt15-en-vi", "tst2013.vi")

@@ -6,9 +6,10 @@ import os
 
 import pytest
 import sacrebleu
-from helpers import REPO, naive_bleu
 
 from qknorm_pipeline.scoring import compare
+
+from helpers import REPO, naive_bleu
 
 
 def _fixture_results(tmp_path):

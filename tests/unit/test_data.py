@@ -8,8 +8,8 @@ import os
 import pytest
 
 from qknorm_pipeline import files, recipes
-from qknorm_pipeline.data import demo as demo_corpus
 from qknorm_pipeline.data import common, download, fetch, readers, sources, tokenize
+from qknorm_pipeline.data import demo as demo_corpus
 from qknorm_pipeline.data.common import DataError
 
 # every character str.splitlines() breaks at besides "\n" and "\r"
@@ -215,7 +215,7 @@ def test_demo_task_is_not_monotone_copying():
     verbs = set(demo_corpus.VERBS) | {"will"}
     verbs |= {form for _, sg, past in demo_corpus.VERBS.values() for form in (sg, past)}
     moved = 0
-    for src, tgt in data:
+    for src, _ in data:
         words = src.rstrip(".").lower().split()
         first_verb = next(i for i, w in enumerate(words) if w in verbs)
         moved += first_verb < len(words) - 1

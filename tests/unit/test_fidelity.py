@@ -6,8 +6,7 @@ import pytest
 import torch
 from fairseq import options, tasks
 
-from helpers import TINY_MODEL
-from helpers import batch, build
+from helpers import TINY_MODEL, batch, build
 
 TWT_PRESETS = ["transformer_postnorm", "transformer_prenorm", "transformer_fixnorm", "transformer_scalenorm",
                "transformer_qknorm", "transformer_hnas"]

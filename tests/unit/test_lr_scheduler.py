@@ -1,6 +1,5 @@
 """ValDecay (qknorm_fairseq/lr_scheduler.py): closed forms and the decay rule (real fairseq-train
 runs: tests/integration/test_val_decay.py)."""
-import math
 
 import pytest
 import torch

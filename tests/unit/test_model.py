@@ -7,10 +7,11 @@ import pytest
 import torch
 from fairseq import options, tasks
 
-from helpers import REPO, TINY_MODEL, USER_DIR, batch, build
 from qknorm_fairseq.architectures import PRESETS as ARCHS
 from qknorm_fairseq.attention import NormAttention
 from qknorm_fairseq.norms import RMSNorm, ScaleNorm
+
+from helpers import REPO, TINY_MODEL, USER_DIR, batch, build
 
 
 def test_readme_table_lists_every_preset():
@@ -69,15 +70,15 @@ def test_custom_attention_runs_in_all_three_places(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm")
     model.eval()
     src, lengths, prev = batch(task)
-    sites = {"encoder self": [l.self_attn for l in model.encoder.layers],
-             "decoder self": [l.self_attn for l in model.decoder.layers],
-             "cross": [l.encoder_attn for l in model.decoder.layers]}
+    sites = {"encoder self": [layer.self_attn for layer in model.encoder.layers],
+             "decoder self": [layer.self_attn for layer in model.decoder.layers],
+             "cross": [layer.encoder_attn for layer in model.decoder.layers]}
     with torch.no_grad():
         base, _ = model(src, lengths, prev)
         for name, mods in sites.items():
             assert all(isinstance(m, NormAttention) for m in mods)
             calls = []
-            hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for m in mods]
+            hooks = [m.register_forward_hook(lambda *a, calls=calls: calls.append(1)) for m in mods]
             old = [m.qk_scale.item() for m in mods]
             for m in mods:
                 m.qk_scale.fill_(0.5)
@@ -158,7 +159,7 @@ def test_norm_types_and_placement(tiny_data):
     model, _ = build(tiny_data / "bin", "transformer_rmsnorm")
     assert sum(isinstance(m, RMSNorm) for m in model.modules()) == 12
     model, _ = build(tiny_data / "bin", "transformer_hnas")
-    us = [l.self_attn.hnas_u.item() for l in model.encoder.layers]
+    us = [layer.self_attn.hnas_u.item() for layer in model.encoder.layers]
     assert us == [0.5, 0.5]
     assert model.decoder.layers[0].self_attn.weights == "softmax"
 

@@ -7,9 +7,10 @@ import re
 import shlex
 
 import pytest
-from helpers import REPO, module
 
 from qknorm_pipeline import recipes
+
+from helpers import REPO, module
 
 # the papers' pairs and the demo must be there; a user's own pair (a new configs/*.yaml) may be too
 PAPER_PAIRS = ["ar-en", "demo", "en-he", "en-vi", "gl-en", "sk-en"]

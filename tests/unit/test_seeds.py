@@ -5,9 +5,10 @@ import random
 import statistics
 
 import pytest
-from helpers import naive_bleu
 
 from qknorm_pipeline.scoring import compare
+
+from helpers import naive_bleu
 
 
 def _runs(tmp_path, names):

@@ -6,11 +6,17 @@ import random
 import numpy as np
 import pytest
 import sacrebleu
-from helpers import bleu_from_stats, sentence_stats
 
 from qknorm_pipeline.scoring import bleu
-from qknorm_pipeline.scoring.significance import (approximate_randomization, format_p, paired_bootstrap,
-                                                  seed_bootstrap, seed_means)
+from qknorm_pipeline.scoring.significance import (
+    approximate_randomization,
+    format_p,
+    paired_bootstrap,
+    seed_bootstrap,
+    seed_means,
+)
+
+from helpers import bleu_from_stats, sentence_stats
 
 
 def _corpus(seed=0, n=150):

@@ -7,12 +7,13 @@ import random
 import re
 
 import pytest
-from helpers import REPO, log_line, naive_bleu
 
 from qknorm_pipeline import recipes
 from qknorm_pipeline.paths import Folders
 from qknorm_pipeline.study import config, records, report
 from qknorm_pipeline.study.config import StudyError
+
+from helpers import REPO, log_line, naive_bleu
 
 CONFIG = os.path.join(REPO, "configs", "studies", "gl-en.yaml")
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from helpers import BIN, USER_DIR, run, train_cmd
 from qknorm_fairseq.task import TranslationQKConfig, TranslationQKTask, gnmt_penalty, gnmt_rerank
+
+from helpers import BIN, USER_DIR, run, train_cmd
 
 
 def hypo(n_tokens, logprob):

@@ -9,6 +9,7 @@ from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, FairseqIn
 
 from qknorm_fairseq.task import GNMTSequenceGenerator, TranslationQKConfig, TranslationQKTask
 from qknorm_fairseq.twt_search import TwTSequenceGenerator
+
 from helpers import build
 
 D = Dictionary()
