@@ -68,6 +68,27 @@ def wrap_parser(parse, argv):
     return parse_args_and_arch
 
 
+def model_help(argv):
+    """The flags of --arch's model. fairseq prints --help before it adds them (it parses twice: the
+    first pass, which knows no model, answers --help), so `fairseq-train --arch X --help` never lists
+    them; this entry point prints them after fairseq's help."""
+    import argparse
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    arch = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--arch", "-a")), None)
+    if arch is None:
+        print("\n(add --arch ARCH to list that model's flags too)")
+        return
+    if arch not in ARCH_MODEL_REGISTRY:
+        return
+    model = ARCH_MODEL_REGISTRY[arch]
+    p = argparse.ArgumentParser(prog=f"--arch {arch}", add_help=False, usage=argparse.SUPPRESS)
+    model.add_args(p)
+    print(f"\nflags of --arch {arch} (model {model.__name__}; the preset sets some of them):")
+    print(p.format_help())
+
+
 def main(argv=None):
     silence_noise()
     # isort: off
@@ -77,8 +98,14 @@ def main(argv=None):
 
     import qknorm_fairseq  # noqa: F401  (registered now; --user-dir then finds it imported)
 
-    options.parse_args_and_arch = wrap_parser(options.parse_args_and_arch, sys.argv[1:] if argv is None else argv)
-    train.cli_main()
+    argv = sys.argv[1:] if argv is None else argv
+    options.parse_args_and_arch = wrap_parser(options.parse_args_and_arch, argv)
+    try:
+        train.cli_main()
+    except SystemExit as e:
+        if e.code in (0, None) and any(a in ("-h", "--help") for a in argv):
+            model_help(argv)
+        raise
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from datetime import datetime
 import torch
 
 from ..files import write_atomic
-from ..paths import cpu_name, shareable
+from ..paths import USER_DIR, cpu_name, shareable
 
 HELP = "training/decoding speed and memory of every preset vs stock transformer"
 STOCK = "transformer"
@@ -66,23 +66,31 @@ def make_corpus(folder, vocab, n_sent, seed=0):
     return os.path.join(folder, "bin")
 
 
-def model_flags(opts):
+def dropouts(opts, arch):
+    """(dropout, attention dropout, activation dropout) of ARCH: --dropout for all three, or the
+    stock model's own --stock-dropout."""
+    if arch == STOCK and opts.stock_dropout:
+        return tuple(opts.stock_dropout)
+    return (opts.dropout,) * 3
+
+
+def model_flags(opts, arch):
     d, L, h = opts.dim, opts.layers, opts.heads
     ffn = opts.ffn or 4 * d
+    drop, attn, act = dropouts(opts, arch)
     return ["--encoder-embed-dim", d, "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn,
             "--decoder-ffn-embed-dim", ffn, "--encoder-layers", L, "--decoder-layers", L,
             "--encoder-attention-heads", h, "--decoder-attention-heads", h, "--share-all-embeddings",
-            "--dropout", opts.dropout, "--attention-dropout", opts.dropout, "--activation-dropout", opts.dropout]
+            "--dropout", drop, "--attention-dropout", attn, "--activation-dropout", act]
 
 
 def build(data_bin, arch, opts):
     from fairseq import options, tasks
 
-    user_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     extra = [] if arch == STOCK else ["--qknorm-length", opts.src_len]
-    argv = [data_bin, "--user-dir", user_dir, "--arch", arch, "--source-lang", "src", "--target-lang", "tgt",
+    argv = [data_bin, "--user-dir", USER_DIR, "--arch", arch, "--source-lang", "src", "--target-lang", "tgt",
             "--criterion", "masked_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-            *model_flags(opts), *extra]
+            *model_flags(opts, arch), *extra]
     args = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in argv])
     task = tasks.setup_task(args)
     torch.manual_seed(0)
@@ -279,8 +287,10 @@ def speed_markdown(res):
              f"{m['dtype']}  ",
              f"Models: d={s['dim']}, d_ff={s['ffn']}, {s['layers']}+{s['layers']} layers, {s['heads']} heads, "
              f"joined vocabulary {s['vocab']} types, shared embeddings, dropout {s['dropout']} "
-             "(dropout, attention and activation dropout alike for every model; the presets keep their own "
-             "word dropout and target-vocabulary mask)  ",
+             "(dropout, attention and activation dropout alike for every model"
+             + (f", but the stock model's {' / '.join(f'{x:g}' for x in s['stock_dropout'])}"
+                if s.get("stock_dropout") else "")
+             + "; the presets keep their own word dropout and target-vocabulary mask)  ",
              f"Training: batch {s['batch']} sentences x {s['src_len']} source / {s['tgt_len']} target tokens, "
              f"{s['warmup_steps']} warm-up steps per model, then {s['train_steps']} timed Adam steps per repetition; "
              f"decoding: beam {s['beam']}, "
@@ -364,7 +374,7 @@ def run(opts):
         r["ratio"] = {k: r[k]["median"] / models[STOCK][k]["median"] for k in METRICS}
         r["target"] = target_ratio(arch)
         r["meets_target"] = bool(r["ratio"]["train_tok_s"] >= r["target"] and r["ratio"]["decode_sent_s"] >= r["target"])
-    settings = {k: getattr(opts, k) for k in ("dim", "layers", "heads", "dropout", "batch", "src_len", "tgt_len",
+    settings = {k: getattr(opts, k) for k in ("dim", "layers", "heads", "dropout", "stock_dropout", "batch", "src_len", "tgt_len",
                                               "warmup_steps", "train_steps", "decode_batches", "beam", "reps")}
     settings.update(ffn=opts.ffn or 4 * opts.dim, vocab=vocab)
     res = {"command": "python -m qknorm_pipeline.benchmark " + " ".join(shareable(a) for a in sys.argv[1:]),
@@ -390,6 +400,9 @@ def add_arguments(s):
     s.add_argument("--heads", type=int, default=4)
     s.add_argument("--vocab", type=int, default=4000, help="word types of the synthetic corpus")
     s.add_argument("--dropout", type=float, default=0.1, help="dropout, attention and activation dropout, all models")
+    s.add_argument("--stock-dropout", type=float, nargs=3, metavar=("D", "A", "R"),
+                   help="the stock model's own dropout, attention and activation (ReLU) dropout instead of "
+                        "--dropout, e.g. 0.3 0 0 for fairseq's IWSLT recipe against the TwT recipe's --dropout 0.4")
     s.add_argument("--batch", type=int, default=16, help="sentences per batch")
     s.add_argument("--src-len", type=int, default=24)
     s.add_argument("--tgt-len", type=int, default=24)

@@ -190,10 +190,10 @@ def markdown(cfg, rows, ranked, tests, lrs, rankings, hold, found, n, warmup, in
              "| system | seeds | multi-bleu | multi-bleu-detok | last checkpoint (detok) | best dev BLEU |",
              "|---|---|---|---|---|---|"]
     for r in rows:
-        last = (fmt_mean_sd(*r["last"]) if r["last"] else "") + per_seed(r["last_per_seed"])
+        last = (fmt_mean_sd(*r["last"]) if r["last"] else "n/a") + per_seed(r["last_per_seed"])
         lines.append(f"| {r['system']} | {len(r['seeds'])} | {fmt_mean_sd(*r['multi_bleu'])}"
                      f"{per_seed(r['multi_bleu_per_seed'])} | {fmt_mean_sd(*r[METRIC])}{per_seed(r[METRIC + '_per_seed'])}"
-                     f" | {last or 'n/a'} | {fmt_mean_sd(*r['best_dev'])} |")
+                     f" | {last} | {fmt_mean_sd(*r['best_dev'])} |")
     lines += ["", "Mean over seeds ± sample standard deviation, each seed's value in brackets. multi-bleu: "
               "multi-bleu.perl on the tokenized text; multi-bleu-detok: multi-bleu-detok.perl after Moses "
               f"detokenization, which is SacreBLEU ({signature}). The test columns decode checkpoint_best.pt, the "

@@ -117,3 +117,13 @@ def test_decode_precision_on_a_cpu_is_an_error(tiny_data, tmp_path):
                   "--target-lang", "tgt", "--cpu", "--decode-precision", "bf16", "--beam", "2", check=False)
     assert out.returncode != 0
     assert "--decode-precision bf16 needs a CUDA device" in out.stderr
+
+
+def test_importing_the_plugin_leaves_logging_as_it_was():
+    """fairseq's import sets the root logger to DEBUG with a handler (wav2vec2_classification.py), which
+    would print every library's DEBUG lines; the plugin undoes it, whatever the import order inside it."""
+    code = ("import logging, qknorm_fairseq; r = logging.getLogger(); "
+            "print(r.level, len(r.handlers), logging.getLogger('fairseq.tasks.text_to_speech').level)")
+    p = run([sys.executable, "-c", code], cwd=REPO)
+    assert p.stdout.split() == ["30", "0", "30"], p.stdout + p.stderr
+    assert p.stderr == ""

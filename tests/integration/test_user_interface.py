@@ -88,9 +88,14 @@ def test_every_module_answers_help_with_every_option(module):
     assert not missing, f"{module} --help lacks {missing}"
 
 
-def test_training_entry_point_answers_help():
+def test_training_entry_point_answers_help_with_the_models_flags():
+    # fairseq-train --arch X --help never lists X's flags (fairseq answers --help before adding them)
     p = py("fairseq_train", "--help")
-    assert p.returncode == 0 and "--arch" in p.stdout, p.stderr[-2000:]
+    assert p.returncode == 0 and "--arch" in p.stdout and "--qknorm-p" not in p.stdout, p.stderr[-2000:]
+    assert "add --arch ARCH to list that model's flags too" in p.stdout
+    p = py("fairseq_train", "--arch", "transformer_qknorm", "--help")
+    model = p.stdout.split("flags of --arch transformer_qknorm (model QKTransformerModel")[1]
+    assert p.returncode == 0 and all(f in model for f in ("--qknorm-p", "--positions", "--norm-type", "--fixnorm"))
 
 
 USAGE_ERRORS = [

@@ -85,7 +85,7 @@ def test_step_flops_and_mfu(tmp_path):
 
     import torch
 
-    opts = argparse.Namespace(dim=16, layers=1, heads=2, ffn=None, dropout=0.1, src_len=5, device="cpu", dtype="fp32")
+    opts = argparse.Namespace(dim=16, layers=1, heads=2, ffn=None, dropout=0.1, stock_dropout=None, src_len=5, device="cpu", dtype="fp32")
     entry = speed.build(speed.make_corpus(str(tmp_path / "c"), 30, 5), "transformer", opts)
     sample = speed.make_batch(entry["task"], 2, 5, 4, "cpu", seed=1)
     linear = sum(m.weight.numel() for m in entry["model"].modules() if isinstance(m, torch.nn.Linear))
@@ -115,3 +115,12 @@ def test_results_name_no_machine_paths(tmp_path, monkeypatch):
             text = open(os.path.join(ROOT, f), encoding="utf-8").read()
             assert ROOT not in text and '"hostname"' not in text, f
             assert not re.search(r"(?<![\w.])/(home|root|work|tmp|Users|mnt|scratch|data)/", text), f
+
+
+def test_stock_dropout_replaces_dropout_for_the_stock_model_only():
+    opts = argparse.Namespace(dim=16, ffn=None, layers=1, heads=2, dropout=0.4, stock_dropout=[0.3, 0.0, 0.0])
+    flags = [str(f) for f in speed.model_flags(opts, speed.STOCK)]
+    assert [flags[flags.index(f) + 1] for f in ("--dropout", "--attention-dropout", "--activation-dropout")] == [
+        "0.3", "0.0", "0.0"]
+    assert speed.dropouts(opts, "transformer_qknorm") == (0.4, 0.4, 0.4)
+    assert speed.dropouts(argparse.Namespace(dropout=0.1, stock_dropout=None), speed.STOCK) == (0.1, 0.1, 0.1)
