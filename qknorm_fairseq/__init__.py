@@ -1,5 +1,5 @@
 """qknorm-fairseq: a fairseq plugin (`--user-dir qknorm_fairseq`). Importing it registers the model
-`qknorm_transformer` and its presets, the criterion, the task and the LR scheduler.
+`qknorm_transformer` and its presets, the criterion, the task, the LR scheduler and the optimizer.
 The order matters (ruff's import sorting is off for this file): fairseq's import-time side effects
 are undone first, and the model is registered before its presets."""
 from . import fairseq_quirks  # noqa: F401
@@ -8,4 +8,5 @@ from . import model  # noqa: F401
 from . import architectures  # noqa: F401
 from . import criterion  # noqa: F401
 from . import lr_scheduler  # noqa: F401
+from . import optimizer  # noqa: F401
 from . import task  # noqa: F401

@@ -2,6 +2,7 @@
 
 usage: bash scripts/benchmark.sh [speed] [--reps N] [--dim D] [--layers L] [speed flags...]
        bash scripts/benchmark.sh kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
+       bash scripts/benchmark.sh fairseq-train [--pair gl-en] [--systems qknorm fairseq_transformer] [--label L]
        bash scripts/benchmark.sh --convergence [scripts/study.sh flags...]
        (python -m qknorm_pipeline.benchmark takes the same arguments)
 
@@ -10,6 +11,8 @@ same dimensions, data, batch and dropout: training target tokens/s (after warm-u
 beam-4 decoding sentences/s; median and spread; ratios to the stock model. CPU by default (one
 thread, small dimensions, a few minutes); with a CUDA device: GPU + bf16 (fairseq's base size:
 --dim 512 --layers 6 --heads 8). Writes $RESULTS_DIR/benchmark.{md,json}.
+fairseq-train: real fairseq-train updates/s of a prepared pair's recipe against stock fairseq,
+appended to results/gpu/throughput.json (results/throughput-cpu.json on a CPU).
 --convergence: the real-data study on TED gl->en (scripts/study.sh; see its --help).
 Exit status: 0 ok, 2 a usage error, 1 a failure.
 """
@@ -20,17 +23,17 @@ from ..cli import Parser, prog
 from ..cli import main as run_main
 from ..paths import folders
 
-TOOLS = ("speed", "kernels")
+TOOLS = ("speed", "kernels", "fairseq-train")
 POSITIVE = ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam", "reps",
-            "vocab", "tokens", "iters")
+            "vocab", "tokens", "iters", "updates", "log_interval")
 
 
 def parser():
-    from . import kernels, speed
+    from . import kernels, speed, throughput
 
     p = Parser(prog=prog("qknorm_pipeline.benchmark"), tag="benchmark", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    for name, tool in (("speed", speed), ("kernels", kernels)):
+    for name, tool in (("speed", speed), ("kernels", kernels), ("fairseq-train", throughput)):
         tool.add_arguments(sub.add_parser(name, help=tool.HELP, description=tool.__doc__))
     return p
 
@@ -38,12 +41,14 @@ def parser():
 def run(opts):
     import torch
 
-    from . import kernels, speed
+    from . import kernels, speed, throughput
 
     error = parser()._subparsers._group_actions[0].choices[opts.cmd].error
     for k in POSITIVE:
         if getattr(opts, k, 1) is not None and getattr(opts, k, 1) < 1:
             error(f"--{k.replace('_', '-')} must be >= 1")
+    if opts.cmd == "fairseq-train":
+        return throughput.run(opts)
     if opts.dim % opts.heads:
         error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
     if opts.cmd == "speed":
