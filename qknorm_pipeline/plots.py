@@ -93,7 +93,10 @@ def _records(logs, kind, key, missing):
 def plot_dev_bleu(logs, out, title=None):
     # updates, not fairseq epochs: the recipes validate every N updates (the papers' "epoch"),
     # several times within one of fairseq's passes over the data
-    curves = [(name, [r.get("valid_num_updates", r.get("num_updates", r["epoch"])) for r in valid],
+    def x(r):
+        return next(r[k] for k in ("valid_num_updates", "num_updates", "epoch") if k in r)
+
+    curves = [(name, [x(r) for r in valid],
                [r["valid_bleu"] for r in valid])
               for name, valid in _records(logs, "valid", "valid_bleu",
                                           "no validation BLEU (train with --eval-bleu and --log-format json)")]

@@ -10,7 +10,7 @@ import torch
 
 from qknorm_pipeline import plots
 
-from helpers import environment
+from helpers import environment, log_line, write_train_log
 
 
 def _png(path):
@@ -107,3 +107,33 @@ def test_plot_errors(tmp_path, capsys):
     assert not (tmp_path / "a.png").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none.log" in err[0] and "error" in err[0]
+
+
+def _valid_only_log(path):
+    """A run shorter than fairseq's --log-interval: validations, no train_inner record."""
+    return write_train_log(path, [log_line("valid", {"valid_loss": 5.0, "valid_bleu": b, "valid_num_updates": u})
+                                  for u, b in ((20, 1.5), (40, 2.5))])
+
+
+def test_a_plot_with_nothing_to_draw_says_so_in_one_line_and_succeeds(tmp_path, capsys):
+    log = _valid_only_log(tmp_path / "train.log")
+    out = tmp_path / "grad_norm.png"
+    assert plots.main(["grad-norm", "--log", f"short={log}", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no train_inner records with gnorm" in err[0] and not out.exists()
+
+
+def test_reproduce_draws_what_it_can_and_never_fails_on_a_plot(tmp_path, capsys):
+    """reproduce.sh's last stage after a 40-update run: the dev-BLEU curve is drawn, the gradient-norm
+    plot has nothing to draw, the scales plot finds no checkpoint; each says so in one line."""
+    from qknorm_pipeline import reproduce
+    from qknorm_pipeline.paths import Folders
+
+    where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results")))
+    _valid_only_log(tmp_path / "logs" / "xx-yy" / "postnorm" / "train.log")
+    (tmp_path / "results" / "xx-yy").mkdir(parents=True)
+    drawn = reproduce.draw_plots("xx-yy", ["postnorm"], where)
+    assert drawn == ["dev_bleu"] and (tmp_path / "results" / "xx-yy" / "dev_bleu.png").exists()
+    err = capsys.readouterr().err
+    assert "no train_inner records with gnorm" in err and "plot scales failed" in err
+    assert "Traceback" not in err
