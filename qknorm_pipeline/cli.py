@@ -78,10 +78,29 @@ def log(tag, text):
     print(f"[{tag} {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
+def _takes_extra(parser):
+    """PARSER (or one of its sub-commands) has the positional `extra`: flags for fairseq after --."""
+    for action in parser._actions:
+        if action.dest == "extra":
+            return True
+        if isinstance(action, argparse._SubParsersAction) and any(map(_takes_extra, action.choices.values())):
+            return True
+    return False
+
+
 def main(run, parser, argv=None):
     """Parse ARGV with PARSER and call run(args); the exit status: 0, or a UserError's (its message
-    one line), 130 on Ctrl-C, 1 on a closed output pipe."""
+    one line), 130 on Ctrl-C, 1 on a closed output pipe. Everything after `--` goes to args.extra
+    unparsed: argparse cannot give a positional `extra` the words after `--` once an option stood
+    between it and the other positionals (`reproduce.sh PAIR --systems "a b" -- --max-update 40`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = None
+    if "--" in argv and _takes_extra(parser):
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    if extra is not None:
+        args.extra = list(getattr(args, "extra", None) or []) + extra
     try:
         run(args)
         return 0

@@ -320,3 +320,18 @@ def test_readme_where_things_live_names_every_module_and_script():
     tree = {os.path.relpath(f, REPO) for f in glob.glob(os.path.join(REPO, "qknorm_*", "**", "*.py"), recursive=True)}
     tree = {m for m in tree if not m.endswith("__init__.py")} | {os.path.relpath(f, REPO) for f in SCRIPTS}
     assert sorted(tree - named) == [] and sorted(named - tree) == []
+
+
+def test_flags_after_a_double_dash_reach_fairseq_after_options_and_positionals(tmp_path):
+    """`reproduce.sh PAIR --systems "a b" -- fairseq flags`: an option between the pair and `--` must
+    not make argparse refuse the flags (what a user runs on a new corpus, issue #31)."""
+    from qknorm_pipeline import cli
+    from qknorm_pipeline.reproduce import parser
+
+    seen = {}
+    assert cli.main(lambda a: seen.update(vars(a)), parser(),
+                    ["ab-cd", "--systems", "postnorm", "--", "--max-update", "40", "--lr", "1e-3"]) == 0
+    assert seen["pair_arg"] == "ab-cd" and seen["systems"] == "postnorm"
+    assert seen["extra"] == ["--max-update", "40", "--lr", "1e-3"]
+    p = sh("reproduce.sh", "nosuch", "--systems", "postnorm", "--", "--max-update", "40")
+    assert p.returncode == 2 and "unknown pair 'nosuch'" in p.stderr  # parsed: the pair is what is wrong
