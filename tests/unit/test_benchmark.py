@@ -124,3 +124,23 @@ def test_stock_dropout_replaces_dropout_for_the_stock_model_only():
         "0.3", "0.0", "0.0"]
     assert speed.dropouts(opts, "transformer_qknorm") == (0.4, 0.4, 0.4)
     assert speed.dropouts(argparse.Namespace(dropout=0.1, stock_dropout=None), speed.STOCK) == (0.1, 0.1, 0.1)
+
+
+def _fake_fairseq(tmp_path, last_update, die):
+    """A command that logs train_inner records up to LAST_UPDATE (ups = update / 10), then exits or aborts."""
+    code = ("import json, os\n"
+            f"for u in range(1, {last_update} + 1):\n"
+            "    print('INFO | train_inner | ' + json.dumps({'num_updates': str(u), 'ups': str(u / 10)}), flush=True)\n"
+            + ("os.abort()\n" if die else ""))
+    return [sys.executable, "-c", code]
+
+
+def test_throughput_keeps_a_whole_measurement_whose_process_died_on_exit(tmp_path, capsys):
+    from qknorm_pipeline.benchmark import throughput
+    from qknorm_pipeline.cli import UserError
+
+    assert throughput.time_one(_fake_fairseq(tmp_path, 6, die=False), None, 2, 6) == pytest.approx(0.45)
+    assert throughput.time_one(_fake_fairseq(tmp_path, 6, die=True), None, 2, 6) == pytest.approx(0.45)
+    assert "logged all 6 updates, then died with signal 6 on exit" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"failed \(-6\)"):
+        throughput.time_one(_fake_fairseq(tmp_path, 4, die=True), None, 2, 6)  # died before its last update
