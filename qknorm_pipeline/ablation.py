@@ -87,10 +87,11 @@ def ablate(pair, system, extra=(), where=None):
 
 def parser():
     p = Parser(prog=prog("qknorm_pipeline.ablation"), tag="ablate", description=__doc__,
-               usage="%(prog)s PAIR SYSTEM [-- extra fairseq-train flags]")
+               usage="%(prog)s PAIR SYSTEM [-- extra fairseq-train flags]",
+               unknown_hint="; fairseq-train flags go after --")
     p.add_argument("pair")
     p.add_argument("system")
-    p.add_argument("extra", nargs="*", help="after --: fairseq-train flags for every run")
+    p.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for every run")
     return p
 
 

@@ -37,8 +37,19 @@ class Parser(argparse.ArgumentParser):
         self.tag = tag or self.prog.split()[-1].rsplit(".", 1)[-1].removesuffix(".sh")
         self.unknown_hint = unknown_hint
 
+    def parse_known_args(self, args=None, namespace=None):
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):
         # argparse's wording, in the words of the rest of the project
+        if message.startswith("the following arguments are required"):
+            # an unknown option is the cause when it took the place of a positional (`ablate.sh --bogus`)
+            words = getattr(self, "argv", [])
+            words = words[:words.index("--")] if "--" in words else words
+            unknown = [w for w in words if w.startswith("-") and w.split("=")[0] not in self._option_string_actions]
+            if unknown:
+                message = f"unrecognized arguments: {unknown[0]}"
         m = re.match(r"argument (--[\w-]+)(/[^:]*)?: expected one argument", message)
         if m:
             message = f"{m.group(1)} needs a value"

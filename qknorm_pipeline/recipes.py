@@ -319,6 +319,14 @@ def flag(key, value):
     return [name, str(value)]
 
 
+def size_args(embed_dim, ffn_dim, encoder_layers, decoder_layers, heads):
+    """fairseq-train's model-size flags, the same for every architecture, ours and stock."""
+    d, ffn, enc, dec, h = (str(x) for x in (embed_dim, ffn_dim, encoder_layers, decoder_layers, heads))
+    return ["--encoder-embed-dim", d, "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn,
+            "--decoder-ffn-embed-dim", ffn, "--encoder-layers", enc, "--decoder-layers", dec,
+            "--encoder-attention-heads", h, "--decoder-attention-heads", h]
+
+
 def train_args(cfg, system_name, schedule_name=None, paper_qknorm_length=False, data_bin=None, save_dir=None,
                stopping_rule=None):
     """The fairseq-train argument list for PAIR and SYSTEM (everything but extra user flags)."""
@@ -326,12 +334,8 @@ def train_args(cfg, system_name, schedule_name=None, paper_qknorm_length=False, 
     model, train, decode = cfg.model, cfg.train, cfg.decode
     args = [data_bin or os.path.join("data-bin", cfg.pair), "--user-dir", USER_DIR, "--task", "translation_qk",
             "--source-lang", cfg.src, "--target-lang", cfg.tgt, "--arch", s.arch]
-    d, ffn = model.embed_dim, model.ffn_dim
-    args += ["--encoder-embed-dim", str(d), "--decoder-embed-dim", str(d),
-             "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
-             "--encoder-layers", str(model.encoder_layers), "--decoder-layers", str(model.decoder_layers),
-             "--encoder-attention-heads", str(model.heads), "--decoder-attention-heads", str(model.heads),
-             "--dropout", str(model.dropout), "--attention-dropout", str(model.dropout),
+    args += size_args(model.embed_dim, model.ffn_dim, model.encoder_layers, model.decoder_layers, model.heads)
+    args += ["--dropout", str(model.dropout), "--attention-dropout", str(model.dropout),
              "--activation-dropout", str(model.dropout)]
     for key, value in s.flags.items():
         args += flag(key, value)

@@ -146,7 +146,7 @@ def parser():
     p.add_argument("--precision", help="goes to scripts/train.sh: fp32, fp16 or bf16 (GPU)")
     p.add_argument("--verbose", action="store_true", help="every tool's whole output instead of one line per "
                                                           "stage (= VERBOSE=1)")
-    p.add_argument("extra", nargs="*", help="after --: extra fairseq-train flags for every run")
+    p.add_argument("extra", nargs="*", default=[], help="after --: extra fairseq-train flags for every run")
     return p
 
 

@@ -28,6 +28,7 @@ from datetime import datetime
 
 import torch
 
+from .. import recipes
 from ..files import write_atomic
 from ..paths import USER_DIR, cpu_name, shareable
 
@@ -75,13 +76,9 @@ def dropouts(opts, arch):
 
 
 def model_flags(opts, arch):
-    d, L, h = opts.dim, opts.layers, opts.heads
-    ffn = opts.ffn or 4 * d
     drop, attn, act = dropouts(opts, arch)
-    return ["--encoder-embed-dim", d, "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn,
-            "--decoder-ffn-embed-dim", ffn, "--encoder-layers", L, "--decoder-layers", L,
-            "--encoder-attention-heads", h, "--decoder-attention-heads", h, "--share-all-embeddings",
-            "--dropout", drop, "--attention-dropout", attn, "--activation-dropout", act]
+    return [*recipes.size_args(opts.dim, opts.ffn or 4 * opts.dim, opts.layers, opts.layers, opts.heads),
+            "--share-all-embeddings", "--dropout", drop, "--attention-dropout", attn, "--activation-dropout", act]
 
 
 def build(data_bin, arch, opts):

@@ -21,30 +21,20 @@ from .. import recipes
 from .. import train as train_step
 from ..cli import UserError, log
 from ..files import write_atomic
-from ..paths import ROOT, Folders, folders, shareable
+from ..paths import Folders, folders, shareable
+from ..study import config as study_config
 
 HELP = "real fairseq-train updates/s of a pair's recipe against stock fairseq (writes throughput.json)"
 STOCK = "fairseq_transformer"
 
 
-def stock_flags():
-    import yaml
-
-    with open(os.path.join(ROOT, "configs", "studies", "gl-en.yaml"), encoding="utf-8") as f:
-        return yaml.safe_load(f)["stock"]["flags"]
-
-
 def stock_command(cfg, data_bin, save_dir, gpu, precision):
+    """Plain fairseq-train with the study's stock recipe at the pair recipe's model size and batch."""
     m = cfg.model
-    flags = {**stock_flags(), "max_tokens": cfg.train.max_tokens}
-    args = [data_bin, "--source-lang", cfg.src, "--target-lang", cfg.tgt]
-    for key, value in flags.items():
-        args += recipes.flag(key, value)
-    d, ffn = str(m.embed_dim), str(m.ffn_dim)
-    args += ["--encoder-embed-dim", d, "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn,
-             "--decoder-ffn-embed-dim", ffn, "--encoder-layers", str(m.encoder_layers), "--decoder-layers",
-             str(m.decoder_layers), "--encoder-attention-heads", str(m.heads), "--decoder-attention-heads",
-             str(m.heads), "--warmup-updates", "4000", "--save-dir", save_dir]
+    args = [data_bin, "--source-lang", cfg.src, "--target-lang", cfg.tgt,
+            *study_config.stock_flags(study_config.load(study_config.DEFAULT), STOCK, max_tokens=cfg.train.max_tokens),
+            *recipes.size_args(m.embed_dim, m.ffn_dim, m.encoder_layers, m.decoder_layers, m.heads),
+            "--warmup-updates", "4000", "--save-dir", save_dir]
     args += ([f"--{precision}"] if precision != "fp32" else []) if gpu else ["--cpu"]
     return [os.path.join(os.path.dirname(sys.executable), "fairseq-train"), *args]
 
@@ -137,4 +127,4 @@ def add_arguments(s):
     s.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="default: bf16 on a GPU, fp32 on a CPU")
     s.add_argument("--label", default="", help="a note stored with the records, e.g. before or after a change")
     s.add_argument("--out", help="the JSON file the records are appended to")
-    s.add_argument("extra", nargs="*", help="after --: fairseq-train flags for every system (e.g. a smaller model)")
+    s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for every system (e.g. a smaller model)")

@@ -25,11 +25,10 @@ import time
 
 from ..cli import Parser, UsageError, log, prog
 from ..cli import main as run_main
-from ..paths import ROOT, folders, short
+from ..paths import folders, short
 from . import config, report, runs
 
 TAG = "study"
-DEFAULT = os.path.join(ROOT, "configs", "studies", "gl-en.yaml")
 
 
 def prepare_data(cfg, where):
@@ -55,7 +54,7 @@ def prepare_data(cfg, where):
 
 def parser():
     p = Parser(prog=prog("qknorm_pipeline.study"), tag=TAG, description=__doc__)
-    p.add_argument("--config", default=DEFAULT, help="the study (default configs/studies/gl-en.yaml: model size, "
+    p.add_argument("--config", default=config.DEFAULT, help="the study (default configs/studies/gl-en.yaml: model size, "
                                                      "budget, systems, seeds, the stock rows' recipe)")
     p.add_argument("--systems", help='a subset of the config\'s systems, "a b" (ours and its stock rows)')
     p.add_argument("--seeds", type=int, help="seeds 1..N of every chosen system (default: each system's seeds)")

@@ -8,6 +8,7 @@ from .. import recipes
 from ..cli import UsageError
 from ..paths import ROOT, shareable
 
+DEFAULT = os.path.join(ROOT, "configs", "studies", "gl-en.yaml")
 
 class StudyError(UsageError):
     """A study that cannot run or be reported as asked: the message names the fix."""
@@ -136,10 +137,7 @@ def budget(cfg, max_update=None):
 
 
 def model_flags(m):
-    d, ffn, layers, heads = (str(x) for x in (m.embed_dim, m.ffn_dim, m.layers, m.heads))
-    return ["--encoder-embed-dim", d, "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn,
-            "--decoder-ffn-embed-dim", ffn, "--encoder-layers", layers, "--decoder-layers", layers,
-            "--encoder-attention-heads", heads, "--decoder-attention-heads", heads]
+    return recipes.size_args(m.embed_dim, m.ffn_dim, m.layers, m.layers, m.heads)
 
 
 def schedule_flags(cfg, max_update=None):
@@ -175,20 +173,23 @@ def train_flags(cfg, run, rec, max_update=None):
     return [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--lr", f"{lr:.6g}"]
 
 
+def stock_flags(cfg, system, lr_multiplier=1.0, **overrides):
+    """A stock row's own flags as fairseq-train arguments: fairseq's recipe, no plugin, no model size."""
+    flags = {**cfg.stock.flags, **cfg.stock.rows[system].flags, **overrides}
+    if lr_multiplier != 1.0:
+        flags["lr"] = f"{float(flags['lr']) * lr_multiplier:g}"
+    return [a for key, value in flags.items() for a in recipes.flag(key, value)]
+
+
 def stock_args(cfg, run, rec, data_bin, save_dir, max_update=None):
-    """fairseq-train's arguments for a stock row: fairseq's own recipe, no plugin."""
-    flags = {**cfg.stock.flags, **cfg.stock.rows[run.system].flags}
-    if run.lr_multiplier != 1.0:
-        flags["lr"] = f"{float(flags['lr']) * run.lr_multiplier:g}"
-    args = [data_bin, "--source-lang", rec.src, "--target-lang", rec.tgt]
-    for key, value in flags.items():
-        args += recipes.flag(key, value)
-    args += [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--seed", str(run.seed),
-             "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
-             "--eval-bleu", "--eval-bleu-remove-bpe", recipes.remove_bpe(rec, data_bin), "--eval-tokenized-bleu",
-             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-             "--log-format", "json", "--log-interval", str(rec.train.log_interval), "--save-dir", save_dir]
-    return args
+    """fairseq-train's arguments for a stock row of the study."""
+    return [data_bin, "--source-lang", rec.src, "--target-lang", rec.tgt,
+            *stock_flags(cfg, run.system, run.lr_multiplier), *model_flags(cfg.model),
+            *schedule_flags(cfg, max_update), "--seed", str(run.seed),
+            "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
+            "--eval-bleu", "--eval-bleu-remove-bpe", recipes.remove_bpe(rec, data_bin), "--eval-tokenized-bleu",
+            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
+            "--log-format", "json", "--log-interval", str(rec.train.log_interval), "--save-dir", save_dir]
 
 
 def source_dir(cfg):

@@ -117,6 +117,8 @@ USAGE_ERRORS = [
     ("prepare.sh", ["--bogus"], "unknown option --bogus"),
     ("benchmark.sh", ["--reps"], "--reps needs a value"),
     ("precision_check.sh", ["--bogus"], "unknown option --bogus"),
+    ("ablate.sh", ["--bogus"], "unknown option --bogus; fairseq-train flags go after --"),
+    ("ablate.sh", ["gl-en"], "the following arguments are required: system"),
 ]
 
 
@@ -335,3 +337,17 @@ def test_flags_after_a_double_dash_reach_fairseq_after_options_and_positionals(t
     assert seen["extra"] == ["--max-update", "40", "--lr", "1e-3"]
     p = sh("reproduce.sh", "nosuch", "--systems", "postnorm", "--", "--max-update", "40")
     assert p.returncode == 2 and "unknown pair 'nosuch'" in p.stderr  # parsed: the pair is what is wrong
+
+
+# the pipeline's tools that never touch a model, and every entry point (which imports fairseq or torch
+# only once it runs a model, so that --help and usage errors are instant)
+NO_MODEL = ["scoring.bleu", "scoring.score", "scoring.compare", "scoring.significance", "recipes", "study.report",
+            "data.download", "prepare", "progress", "files", "paths", "cli", "fairseq_log"]
+
+
+def test_tools_that_never_touch_a_model_import_neither_fairseq_nor_torch():
+    names = sorted({*NO_MODEL, *MODULES})
+    code = (f"import sys; import {', '.join('qknorm_pipeline.' + m for m in names)}; "
+            "print(sorted(m for m in ('fairseq', 'torch') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr

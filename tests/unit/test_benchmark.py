@@ -144,3 +144,25 @@ def test_throughput_keeps_a_whole_measurement_whose_process_died_on_exit(tmp_pat
     assert "logged all 6 updates, then died with signal 6 on exit" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"failed \(-6\)"):
         throughput.time_one(_fake_fairseq(tmp_path, 4, die=True), None, 2, 6)  # died before its last update
+
+
+def test_throughput_stock_row_is_the_study_stock_recipe_at_the_pair_recipe_size():
+    from qknorm_pipeline import recipes
+    from qknorm_pipeline.benchmark import throughput
+    from qknorm_pipeline.study import config
+
+    cfg = recipes.load("gl-en")
+    cmd = throughput.stock_command(cfg, "bin", "save", gpu=False, precision="fp32")
+    got = {a: cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a.startswith("--") and not cmd[i + 1].startswith("--")}
+    study = config.load(config.DEFAULT)
+    for key, value in study.stock.flags.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            assert flag in cmd
+        elif key != "max_tokens":
+            assert got[flag] == str(value), key
+    # the model size and batch are the pair recipe's, not the study's
+    assert (got["--encoder-embed-dim"], got["--decoder-ffn-embed-dim"], got["--encoder-layers"]) == (
+        str(cfg.model.embed_dim), str(cfg.model.ffn_dim), str(cfg.model.encoder_layers))
+    assert got["--max-tokens"] == str(cfg.train.max_tokens) and cmd.count("--max-tokens") == 1
+    assert "--user-dir" not in cmd and cmd[-1] == "--cpu" and cmd[0].endswith("fairseq-train")

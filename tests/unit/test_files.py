@@ -24,16 +24,3 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     files.write_atomic(path, "new\n")
     assert path.read_text() == "new\n" and os.listdir(tmp_path / "sub") == ["table.md"]
 
-
-def test_tools_that_never_touch_a_model_import_neither_fairseq_nor_torch():
-    import subprocess
-    import sys
-
-    from helpers import REPO
-
-    code = ("import sys; import qknorm_pipeline.scoring.compare, qknorm_pipeline.scoring.score, "
-            "qknorm_pipeline.recipes, qknorm_pipeline.study.report, qknorm_pipeline.data.download, "
-            "qknorm_pipeline.prepare, qknorm_pipeline.progress; "
-            "print(sorted(m for m in ('fairseq', 'torch') if m in sys.modules))")
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
