@@ -10,6 +10,7 @@ from ..paths import ROOT, shareable
 
 DEFAULT = os.path.join(ROOT, "configs", "studies", "gl-en.yaml")
 
+
 class StudyError(UsageError):
     """A study that cannot run or be reported as asked: the message names the fix."""
 

@@ -1,8 +1,8 @@
 """Every preset's initial weights against a committed table (tests/data/init_weights.json), so that a
 refactor cannot change them unnoticed. Each preset is built as fairseq-train builds it (fairseq's
-parser, seed 0, the tiny model and corpus of the tests); each parameter is kept as its shape, sum and
-sum of squares (one line "SHAPE SUM SQUARES"), compared to 1e-5 relative (CPU kernels of another instruction set may round the last
-bit differently). After an intended change of initialisation, rewrite the table with
+parser, seed 0, the tiny model and corpus of the tests); each parameter is kept as one line "SHAPE SUM
+SQUARES", compared to 1e-5 relative (CPU kernels of another instruction set may round the last bit
+differently). After an intended change of initialisation, rewrite the table with
     QKNORM_WRITE_INIT_TABLE=1 bash scripts/run_tests.sh tests/unit/test_init_weights.py
 and say why in the commit."""
 import json
