@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
+from .fast_dropout import fast_dropout, swap_dropouts
+
 ATTENTION_TYPES = ("softmax", "qknorm", "dnas", "hnas", "qknorm+dnas", "qknorm+hnas")
 
 
@@ -34,9 +36,12 @@ def parse_attention_type(name):
 def lp_normalize(x, p, eps=1e-6):
     """x / max(||x||_p, eps) along the last dim, computed in fp32 (non-integer p is fragile in half
     precision)."""
-    xf = x.float()
     if p == 2:
-        return (xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp(min=eps)).type_as(x)
+        # three ops in fp32 (norm, clamp, divide), four in half precision (the norm and the division
+        # read x in fp32 without a copy; the result is cast back)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        return (x / norm.clamp(min=eps)).to(x.dtype)
+    xf = x.float()
     # torch.linalg.vector_norm(ord=p) for p != 2 takes a generic kernel many times slower than these
     # elementwise ops on CPU (`python -m qknorm_pipeline.benchmark kernels`). Even p skips abs().
     if p == 4:
@@ -64,9 +69,12 @@ def dnas_log_weights(scores, query_pad=None):
 class NormAttention(MultiheadAttention):
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, self_attention=False,
                  encoder_decoder_attention=False, attention_type="softmax", qknorm_p=2.0, qknorm_g0=1.0,
-                 causal=False):
+                 causal=False, fast_dropout=False):
         super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
                          self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention)
+        self.fast_dropout = fast_dropout
+        if fast_dropout:
+            swap_dropouts(self)
         self.scores, self.weights = parse_attention_type(attention_type)
         self.attention_type = attention_type
         if self.scores == "qknorm":
@@ -176,6 +184,15 @@ class NormAttention(MultiheadAttention):
         else:
             scale = self.scaling
         dropout_p = self.dropout_module.p if self.training else 0.0
+        if self.fast_dropout and dropout_p > 0:
+            # scaled_dot_product_attention draws its own dropout mask (bernoulli_): the same steps
+            # spelt out, with --fast-dropout's mask on the weights
+            scores = torch.matmul(q if scale == 1.0 else q * scale, k.transpose(-1, -2))
+            mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
+            if mask is not None:
+                scores = scores + mask
+            probs = torch.softmax(scores, dim=-1)  # CPU and CUDA kernels accumulate half precision in fp32
+            return torch.matmul(fast_dropout(probs, dropout_p), v)
         is_causal = self.causal and attn_mask is not None and key_padding_mask is None and q.size(2) == k.size(2)
         mask = None
         if not is_causal:
@@ -183,7 +200,20 @@ class NormAttention(MultiheadAttention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale)
 
+    # the last additive mask built, keyed by the very mask tensors it was built from: every layer of
+    # a forward receives the same ones, so the mask is built once per forward, not once per layer
+    _mask_cache = (None, None, None, None)
+
     def _additive_mask(self, key_padding_mask, attn_mask, dtype):
+        kpm, am, dt, mask = NormAttention._mask_cache
+        if kpm is key_padding_mask and am is attn_mask and dt == dtype:
+            return mask
+        mask = self._build_additive_mask(key_padding_mask, attn_mask, dtype)
+        NormAttention._mask_cache = (key_padding_mask, attn_mask, dtype, mask)
+        return mask
+
+    @staticmethod
+    def _build_additive_mask(key_padding_mask, attn_mask, dtype):
         mask = None
         if attn_mask is not None:
             mask = attn_mask.to(dtype) if attn_mask.is_floating_point() else \

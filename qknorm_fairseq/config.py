@@ -54,6 +54,10 @@ class QKNormConfig(FairseqDataclass):
     output_bias: bool = field(
         default=False, metadata={"help": "a learned, zero-initialised bias on the output logits, as in both "
                                          "original code bases"})
+    fast_dropout: bool = field(
+        default=False, metadata={"help": "dropout masks from torch.rand instead of torch's bernoulli_ (about 3x "
+                                         "faster on a CPU; the same distribution, another random stream; "
+                                         "qknorm_fairseq/fast_dropout.py)"})
     positions: ChoiceEnum(POSITION_TABLES) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "

@@ -16,10 +16,13 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 MASKED_TARGET_NLL = 100.0
 
 
-def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, reduce=True):
+def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, reduce=True, allowed=None):
+    """ALLOWED: bool (V,), the types the model may generate (the decoder's mask); without it, the
+    finite entries of LPROBS, found with an isfinite over all of them."""
     if target.dim() == lprobs.dim() - 1:
         target = target.unsqueeze(-1)
-    allowed = torch.isfinite(lprobs)
+    if allowed is None:
+        allowed = torch.isfinite(lprobs)
     nll_loss = -lprobs.gather(dim=-1, index=target).clamp(min=-MASKED_TARGET_NLL)
     smooth_loss = -lprobs.masked_fill(~allowed, 0.0).sum(dim=-1, keepdim=True)
     n_allowed = allowed.sum(dim=-1, keepdim=True).to(lprobs.dtype)
@@ -38,4 +41,12 @@ def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, r
 class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def compute_loss(self, model, net_output, sample, reduce=True):
         lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
-        return masked_label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce)
+        decoder = getattr(model, "decoder", None)
+        if getattr(decoder, "mask_output", None) is not None:
+            # our decoder: its mask (or none) says which log-probabilities are -inf, so no isfinite
+            # over all tokens x types is needed
+            allowed = decoder.allowed_types if decoder.mask_output else torch.ones_like(lprobs[0], dtype=torch.bool)
+        else:
+            allowed = None
+        return masked_label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce,
+                                              allowed=allowed)

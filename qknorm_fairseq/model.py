@@ -17,6 +17,7 @@ from torch import nn
 
 from . import config, data_stats, distributed
 from .attention import NormAttention, parse_attention_type
+from .fast_dropout import swap_dropouts
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .norms import build_norm
 from .positions import build_positions
@@ -127,13 +128,19 @@ def _wrap(layer, cfg):
 
 def _attention(cfg, embed_dim, heads, kind, **kw):
     return NormAttention(embed_dim, heads, dropout=cfg.attention_dropout, attention_type=kind,
-                         qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0_value, **kw)
+                         qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0_value, fast_dropout=cfg.fast_dropout, **kw)
+
+
+def _swap_dropouts(module, cfg):
+    if cfg.fast_dropout:
+        swap_dropouts(module)
 
 
 class QKEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc)
         _swap_norms(self, ("self_attn_layer_norm", "final_layer_norm"), cfg, not cfg.scalenorm_fixed_g)
+        _swap_dropouts(self, cfg)
         init_layer(self, (self.self_attn,), cfg.init_scheme)
 
     def build_self_attention(self, embed_dim, cfg):
@@ -145,6 +152,7 @@ class QKDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
         _swap_norms(self, ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"), cfg,
                     not cfg.scalenorm_fixed_g)
+        _swap_dropouts(self, cfg)
         init_layer(self, (self.self_attn, self.encoder_attn), cfg.init_scheme)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -166,9 +174,31 @@ class QKEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens, return_fc)
         _swap_norms(self, ("layer_norm",), cfg, not cfg.scalenorm_fixed_g)
         _swap_positions(self, cfg, cfg.max_source_positions)
+        _swap_dropouts(self, cfg)
 
     def build_encoder_layer(self, cfg):
         return _wrap(QKEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens=False, token_embeddings=None):
+        # fairseq's forward, less its `has_pads = encoder_padding_mask.any()`, tested before every
+        # layer (a host-device sync each) to pass None instead of an all-False mask: the mask is
+        # always passed here, which changes no result (masking nothing adds zeros).
+        encoder_padding_mask = src_tokens.eq(self.padding_idx)
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        x = (x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))).transpose(0, 1)
+        encoder_states, fc_results = ([x] if return_all_hiddens else []), []
+        for layer in self.layers:
+            x = layer(x, encoder_padding_mask=encoder_padding_mask)
+            x, fc_result = x if isinstance(x, tuple) and len(x) == 2 else (x, None)
+            if return_all_hiddens:
+                encoder_states.append(x)
+                fc_results.append(fc_result)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {"encoder_out": [x], "encoder_padding_mask": [encoder_padding_mask],
+                "encoder_embedding": [encoder_embedding], "encoder_states": encoder_states,
+                "fc_results": fc_results, "src_tokens": [], "src_lengths": [src_lengths]}
 
 
 class QKDecoder(TransformerDecoderBase):
@@ -176,6 +206,7 @@ class QKDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         _swap_norms(self, ("layer_norm",), cfg, learnable=True)  # the final norm's g always learns
         _swap_positions(self, cfg, cfg.max_target_positions)
+        _swap_dropouts(self, cfg)
         self.mask_output = bool(cfg.target_vocab_mask)
         if self.mask_output:
             # (V,) True where the type may be generated; persistent, so decoding needs no train data.
@@ -183,6 +214,19 @@ class QKDecoder(TransformerDecoderBase):
             self.register_buffer("allowed_types", torch.ones(len(dictionary), dtype=torch.bool))
         # both original code bases: logits = h . W^T + b, b learned and zero-initialised
         self.output_bias = nn.Parameter(torch.zeros(len(dictionary))) if cfg.output_bias else None
+
+    @property
+    def cross_self_attention(self):
+        # Read once, by fairseq's extract_features_scriptable: `if self.cross_self_attention or
+        # prev_output_tokens.eq(pad).any()` builds the self-attention padding mask, and the .any()
+        # is a host-device sync in every forward. True in training builds the mask always (an
+        # all-False mask changes no result); decoding keeps fairseq's test. Our layers reject real
+        # cross-self-attention (build_self_attention), so nothing else reads this.
+        return self.training
+
+    @cross_self_attention.setter
+    def cross_self_attention(self, value):  # fairseq's __init__ assigns cfg.cross_self_attention
+        pass
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap(QKDecoderLayer(cfg, no_encoder_attn), cfg)
@@ -195,6 +239,9 @@ class QKDecoder(TransformerDecoderBase):
 
     def output_layer(self, features):
         logits = super().output_layer(features)
+        if self.output_bias is not None and self.mask_output:
+            # one pass over tokens x types instead of two: the mask folded into the (V,) bias
+            return logits + self.output_bias.masked_fill(~self.allowed_types, float("-inf"))
         if self.output_bias is not None:
             logits = logits + self.output_bias
         if self.mask_output:

@@ -12,8 +12,9 @@ torch.optim.AdamW in where eps enters:
 
 (torch adds eps to sqrt(v / (1 - b2^t)), so its eps is larger by 1 / sqrt(1 - b2^t) early in
 training). Its state (step, exp_avg, exp_avg_sq per parameter) is fairseq's, so a checkpoint of
-either optimizer resumes with the other. The LR scheduler, gradient clipping and fp16/bf16 (fp32
-master weights) are fairseq's, as with `adam`.
+either optimizer resumes with the other. The LR scheduler and fp16/bf16 (fp32 master weights) are
+fairseq's, as with `adam`; the gradient norm for clipping, one `norm` per parameter in fairseq, is
+one multi-tensor operation here, with the same result.
 """
 import math
 from collections import defaultdict
@@ -103,3 +104,17 @@ class FairseqMultiTensorAdam(FairseqOptimizer):
         betas = tuple(OmegaConf.to_container(betas) if OmegaConf.is_config(betas) else betas)
         lr = self.cfg.lr[0] if isinstance(self.cfg.lr, Collection) else self.cfg.lr
         return {"lr": lr, "betas": betas, "eps": self.cfg.adam_eps, "weight_decay": self.cfg.weight_decay}
+
+    def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
+        """fairseq's utils.clip_grad_norm_ (the norm of the per-tensor fp32 norms, then every gradient
+        times min(1, max_norm / (norm + 1e-6))), bit for bit, with one multi-tensor norm instead of
+        one norm and one copy per parameter."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if any(hasattr(p, "expert") for p in self.params) or len(grads) < 2:
+            return super().clip_grad_norm(max_norm, aggregate_norm_fn)
+        total_norm = torch.norm(torch.stack(torch._foreach_norm(grads, dtype=torch.float32)))
+        if aggregate_norm_fn is not None:
+            total_norm = aggregate_norm_fn(total_norm)
+        if max_norm > 0:
+            torch._foreach_mul_(grads, (max_norm / (total_norm + 1e-6)).clamp_(max=1))
+        return total_norm

@@ -23,6 +23,7 @@ validation, `--validate-interval-updates` ones included) hands the first validat
 `--best-checkpoint-metric` to the active `val_decay` scheduler. Reproduce the original code's
 "epoch" of N updates with `--validate-interval-updates N --save-interval-updates N`.
 """
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +33,10 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from . import lr_scheduler as val_decay_module
+from .length_buckets import LengthBucketDataset
 from .twt_search import TwTSequenceGenerator, gnmt_penalty
+
+logger = logging.getLogger(__name__)
 
 BEAM_SEARCHES = ("fairseq", "twt")
 
@@ -76,8 +80,14 @@ class TranslationQKConfig(TranslationConfig):
     )
     decode_precision: ChoiceEnum(("fp32", "bf16", "fp16")) = field(
         default="fp32",
-        metadata={"help": "decode under CUDA autocast in this precision (fairseq-generate has no --bf16; "
-                          "a model trained with --bf16/--fp16 already validates in its own precision)"},
+        metadata={"help": "decode under autocast in this precision, on a GPU or (bf16) a CPU with bf16 support "
+                          "(fairseq-generate has no --bf16; a model trained with --bf16/--fp16 already validates "
+                          "in its own precision)"},
+    )
+    length_buckets: int = field(
+        default=0,
+        metadata={"help": "batch the training split in N length buckets, each padded to one shape (at most N + 1 "
+                          "batch shapes an epoch; qknorm_fairseq/length_buckets.py); 0: fairseq's batching"},
     )
 
 
@@ -105,14 +115,25 @@ class TranslationQKTask(TranslationTask):
         return super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                        extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
 
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch, combine, **kwargs)
+        if self.cfg.length_buckets < 0:
+            raise ValueError(f"--length-buckets {self.cfg.length_buckets} must be >= 0 (0: fairseq's batching)")
+        if self.cfg.length_buckets and split.startswith("train"):
+            self.datasets[split] = LengthBucketDataset(self.datasets[split], self.cfg.length_buckets)
+            logger.info(f"{split}: {self.cfg.length_buckets} length buckets, padded to "
+                        f"{', '.join(map(str, self.datasets[split].bounds))} tokens")
+
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.decode_precision)
         if dtype is None:
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
-        if next(models[0].parameters()).device.type != "cuda":
-            raise ValueError(f"--decode-precision {self.cfg.decode_precision} needs a CUDA device; decode on a CPU "
-                             "in fp32 (drop the flag)")
-        with torch.autocast("cuda", dtype=dtype):
+        device = next(models[0].parameters()).device.type
+        if device != "cuda" and not (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            raise ValueError(f"--decode-precision {self.cfg.decode_precision} needs a CUDA device"
+                             f"{'' if dtype == torch.float16 else ' or a CPU with bf16 kernels'}; decode in fp32 "
+                             "(drop the flag)")
+        with torch.autocast(device, dtype=dtype):
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def begin_valid_epoch(self, epoch, model):

@@ -1,14 +1,17 @@
-"""`fairseq-train` with two fixes for the hardware people actually have.
+"""`fairseq-train` with three fixes for the hardware people actually have.
 
     python -m qknorm_pipeline.fairseq_train [fairseq-train arguments]      (what scripts/train.sh runs)
 
-1. bf16 on a GPU. fairseq 0.12 ties `--bf16` to TPUs: `options.parse_args_and_arch` sets
-   `args.tpu = True` whenever `--bf16` is given, so a bf16 run on a CUDA GPU goes down the
+1. bf16 on a GPU or a CPU. fairseq 0.12 ties `--bf16` to TPUs: `options.parse_args_and_arch` sets
+   `args.tpu = True` whenever `--bf16` is given, so a bf16 run goes down the
    torch_xla path and fails (`'NoneType' object has no attribute 'xrt_world_size'` under
    distributed training). Undone here when torch_xla is not installed; bf16 itself (model cast to
    bf16, fp32 master weights in fairseq's FP16Optimizer) is fairseq's own.
 2. Several processes on CPUs. fairseq's default DDP backend cannot wrap a CPU model (see
    distributed.py); with `--cpu` and no `--ddp-backend` given, `legacy_ddp` is used instead.
+
+3. The training step. fairseq's Trainer is replaced by qknorm_fairseq/trainer.py's FastTrainer: no
+   host-device sync in an update that does not log, one flat fp32 master tensor under --bf16.
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
 hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU, the missing
@@ -97,6 +100,9 @@ def main(argv=None):
     # isort: on
 
     import qknorm_fairseq  # noqa: F401  (registered now; --user-dir then finds it imported)
+    from qknorm_fairseq.trainer import FastTrainer
+
+    train.Trainer = FastTrainer
 
     argv = sys.argv[1:] if argv is None else argv
     options.parse_args_and_arch = wrap_parser(options.parse_args_and_arch, argv)

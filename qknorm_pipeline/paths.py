@@ -55,3 +55,17 @@ def cpu_name():
                         platform.processor() or platform.machine())
     except OSError:
         return platform.processor() or platform.machine()
+
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86-64 AVX512-BF16 / AMX; aarch64 BF16
+
+
+def cpu_has_bf16():
+    """This CPU multiplies bf16 natively (/proc/cpuinfo flags); without it torch emulates bf16,
+    slower than fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
+    except OSError:
+        return False
+    return any(f in flags for f in BF16_FLAGS)

@@ -77,6 +77,7 @@ class Train:
     criterion: str = "masked_label_smoothed_cross_entropy"
     label_smoothing: float = 0.1
     max_tokens: int = 4096
+    optimizer: str = "multi_tensor_adam"    # or adam: fairseq's, the same update
     adam_betas: str = "(0.9, 0.999)"
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
@@ -347,7 +348,7 @@ def train_args(cfg, system_name, schedule_name=None, paper_qknorm_length=False, 
                               "drop --paper-qknorm-length to compute L from the training data")
         args += ["--qknorm-length", f"{model.qknorm_length:g}"]
     args += ["--criterion", train.criterion, "--label-smoothing", str(train.label_smoothing),
-             "--optimizer", "adam", "--adam-betas", train.adam_betas, "--adam-eps", str(train.adam_eps),
+             "--optimizer", train.optimizer, "--adam-betas", train.adam_betas, "--adam-eps", str(train.adam_eps),
              "--weight-decay", str(train.weight_decay), "--clip-norm", str(train.clip_norm),
              "--max-tokens", str(train.max_tokens), "--seed", str(train.seed)]
     rule = stopping(cfg, stopping_rule or s.stopping)

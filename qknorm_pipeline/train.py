@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
-from .paths import folders, short
+from .paths import cpu_has_bf16, folders, short
 
 TAG = "train"
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -153,16 +153,26 @@ def plan(pair, system, opts, where=None, recipe=None):
         args += [] if opts.precision == "fp32" else [f"--{opts.precision}"]
         device = f"{opts.gpus or 1} GPU(s) ({opts.precision})"
     else:
-        if opts.precision != "fp32":
-            raise UserError(f"--precision {opts.precision} needs a GPU; none is visible to torch (CPU runs are fp32)")
-        args += ["--cpu"]
-        device = "CPU (fp32)"
+        check_cpu_precision(opts.precision)
+        args += ["--cpu"] + ([] if opts.precision == "fp32" else ["--bf16"])
+        device = f"CPU ({opts.precision})"
         env = recipes.cpu_env(cfg)
     args += opts.extra
     # qknorm_pipeline.fairseq_train is fairseq-train with --bf16 usable on a GPU (see its docstring)
     cmd = [*launcher, "qknorm_pipeline.fairseq_train", *args]
     return Run(pair, system, name, cmd, args, save_dir, os.path.join(where.logs, pair, name, "train.log"),
                int(last_value(args, "--max-update")), device, env, split)
+
+
+def check_cpu_precision(precision):
+    """fp32 anywhere; bf16 on a CPU that multiplies bf16 natively (elsewhere torch emulates it, slower
+    than fp32); fp16 never (CPUs have no fast fp16 training path)."""
+    if precision == "fp16":
+        raise UserError("--precision fp16 needs a GPU; none is visible to torch: on a CPU use bf16 (with native "
+                        "bf16 support) or fp32")
+    if precision == "bf16" and not cpu_has_bf16():
+        raise UserError("--precision bf16: this CPU has no native bf16 instructions (AVX512-BF16, AMX or ARM BF16), "
+                        "so bf16 would run emulated, slower than fp32; drop --precision (fp32)")
 
 
 def shown(cmd):
@@ -220,7 +230,8 @@ def parser():
     p = Parser(prog=prog("qknorm_pipeline.train"), tag=TAG, description=__doc__,
                usage="%(prog)s [options] PAIR SYSTEM [extra fairseq-train flags...]",
                unknown_hint=" before PAIR SYSTEM; fairseq flags go after PAIR SYSTEM")
-    p.add_argument("--precision", default="fp32", help="fp32|fp16|bf16, on a GPU (default fp32); a CPU run is always fp32")
+    p.add_argument("--precision", default="fp32", help="fp32|fp16|bf16 (default fp32): on a GPU any; on a CPU bf16 where it "
+                                                       "has native bf16 instructions (AVX512-BF16, AMX), else an error")
     p.add_argument("--schedule", help="LR schedule from the config's schedules: (valdecay, nowarmup, invsqrtdecay, "
                                       "valdecay_2xlr, invsqrtdecay_2xlr); default: the config's train.schedule")
     p.add_argument("--stopping", help="stopping rule from the config's stopping: (twt_paper, twt_code, qknorm); "

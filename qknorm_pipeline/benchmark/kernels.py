@@ -4,7 +4,8 @@ process on the CPU (process CPU time, one thread by default).
     python -m qknorm_pipeline.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
 
 Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
-torch.linalg.vector_norm on (tokens, heads, dim / heads). Prints (and with --out writes OUT.md)
+torch.linalg.vector_norm on (tokens, heads, dim / heads); --fast-dropout's dropout against torch's
+(p = 0.4) on (tokens, 4 dim), in fp32 and bf16. Prints (and with --out writes OUT.md)
 the median microseconds per call, forward and forward + backward, and the ratio to the reference.
 """
 import statistics
@@ -21,6 +22,7 @@ def run(opts):
     from fairseq.modules import LayerNorm
 
     from qknorm_fairseq.attention import lp_normalize
+    from qknorm_fairseq.fast_dropout import fast_dropout
     from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
     d, hd = opts.dim, opts.dim // opts.heads
@@ -36,7 +38,14 @@ def run(opts):
         cases += [(f"vector_norm p={p:g}", reference_lp(p), None, (opts.tokens, opts.heads, hd)),
                   (f"lp_normalize p={p:g}", lambda x, p=p: lp_normalize(x, p), f"vector_norm p={p:g}",
                    (opts.tokens, opts.heads, hd))]
-    inputs = {shape: torch.randn(shape) for *_, shape in cases}
+    for dtype in (torch.float32, torch.bfloat16):
+        tag = str(dtype).replace("torch.", "").replace("float32", "fp32").replace("bfloat16", "bf16")
+        shape = (opts.tokens, 4 * d, tag)
+        cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, shape),
+                  (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"torch dropout {tag}", shape)]
+    dtypes = {"bf16": torch.bfloat16}
+    inputs = {shape: torch.randn(shape[:2] if isinstance(shape[-1], str) else shape).to(
+        dtypes.get(shape[-1], torch.float32)) for *_, shape in cases}
     times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
 
     def call(fn, x, grad):
@@ -56,7 +65,8 @@ def run(opts):
                 times[name, grad].append((time.process_time() - t0) / opts.iters * 1e6)
     lines = [f"# Kernel micro-benchmark (CPU, {torch.get_num_threads()} threads, {opts.reps} interleaved "
              f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
-             f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}).", "",
+             f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}); "
+             f"dropout on ({opts.tokens}, {4 * d}).", "",
              "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
     for name, _, ref, _ in cases:
         row = [name]

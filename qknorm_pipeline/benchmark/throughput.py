@@ -1,16 +1,21 @@
-"""Real fairseq-train updates per second: a pair's recipe for our systems against stock fairseq.
+"""Real fairseq-train updates per second: a pair's recipe for our systems against stock fairseq, in
+every precision this machine trains in, with what an update costs the host.
 
 Each system trains --updates updates of the pair's prepared data exactly as train.sh starts it
-(the recipe's model, batch and precision), without validation or checkpoints; the stock row is plain
-`fairseq-train --arch transformer` at the recipe's model size with fairseq's IWSLT recipe (the
-study's stock flags, configs/studies/gl-en.yaml). The systems alternate, --reps times. A system's
-speed is the median of fairseq's own `ups` (updates/s over each --log-interval) after --warmup
-updates. Records are appended to --out (default: results/gpu/throughput.json on a GPU,
-results/throughput-cpu.json on a CPU), one per system and repetition: system, updates_per_s,
-device, precision, command, label, date.
+(the recipe's model, batch and precision), without validation or checkpoints; the stock row is
+fairseq's `transformer` at the recipe's model size with fairseq's IWSLT recipe (the study's stock
+flags, configs/studies/gl-en.yaml), started by the same entry point as ours
+(qknorm_pipeline.fairseq_train, which bf16 on a CPU needs), so the rows differ only in model and
+recipe. The (system, precision) runs alternate, --reps times. A run's speed is the median of
+fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates. Then, once per
+run, qknorm_pipeline/benchmark/step_profile.py counts one non-logging update: ATen ops by phase,
+host-device syncs, and the training split's batch shapes per epoch and padding fraction.
+Records are appended to --out (default: results/gpu/throughput.json on a GPU,
+results/throughput-cpu.json on a CPU), one per system, precision and repetition.
 """
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -21,22 +26,26 @@ from .. import recipes
 from .. import train as train_step
 from ..cli import UserError, log
 from ..files import write_atomic
-from ..paths import Folders, folders, shareable
+from ..paths import Folders, cpu_has_bf16, cpu_name, folders, shareable
 from ..study import config as study_config
 
 HELP = "real fairseq-train updates/s of a pair's recipe against stock fairseq (writes throughput.json)"
 STOCK = "fairseq_transformer"
+ENTRY = "qknorm_pipeline.fairseq_train"
+PROFILED_UPDATE = 6
 
 
 def stock_command(cfg, data_bin, save_dir, gpu, precision):
-    """Plain fairseq-train with the study's stock recipe at the pair recipe's model size and batch."""
+    """fairseq-train (no --user-dir) with the study's stock recipe at the pair recipe's model size and
+    batch, started as train.sh starts ours."""
     m = cfg.model
     args = [data_bin, "--source-lang", cfg.src, "--target-lang", cfg.tgt,
             *study_config.stock_flags(study_config.load(study_config.DEFAULT), STOCK, max_tokens=cfg.train.max_tokens),
             *recipes.size_args(m.embed_dim, m.ffn_dim, m.encoder_layers, m.decoder_layers, m.heads),
             "--warmup-updates", "4000", "--save-dir", save_dir]
-    args += ([f"--{precision}"] if precision != "fp32" else []) if gpu else ["--cpu"]
-    return [os.path.join(os.path.dirname(sys.executable), "fairseq-train"), *args]
+    args += [] if gpu else ["--cpu"]
+    args += [f"--{precision}"] if precision != "fp32" else []
+    return [sys.executable, "-m", ENTRY, *args]
 
 
 def commands(opts, where, scratch):
@@ -49,16 +58,34 @@ def commands(opts, where, scratch):
     runs = Folders(where.data, where.data_bin, os.path.join(scratch, "ckpt"), os.path.join(scratch, "logs"),
                    where.results)
     out = {}
-    for system in opts.systems:
-        if system == STOCK:
-            cfg = recipes.load(opts.pair, data_bin)
-            cmd = stock_command(cfg, data_bin, os.path.join(scratch, STOCK), opts.gpu, opts.precision) + timing
-            out[system] = (cmd, dict(os.environ))
-        else:
-            run = train_step.plan(opts.pair, system, train_step.Options(precision=opts.precision, extra=timing),
-                                  runs)
-            out[system] = (run.cmd, run.env)
+    for precision in opts.precisions:
+        for spec in opts.systems:
+            system, _, flags = spec.partition(":")
+            extra = timing + shlex.split(flags)
+            if system == STOCK:
+                cfg = recipes.load(opts.pair, data_bin)
+                cmd = stock_command(cfg, data_bin, os.path.join(scratch, STOCK), opts.gpu, precision) + extra
+                out[spec, precision] = (cmd, dict(os.environ))
+            else:
+                run = train_step.plan(opts.pair, system, train_step.Options(precision=precision, extra=extra), runs)
+                out[spec, precision] = (run.cmd, run.env)
     return out
+
+
+def profile_one(cmd, env, scratch):
+    """step_profile's record of one non-logging update of CMD (an entry-point command)."""
+    out = os.path.join(scratch, "profile.json")
+    i = cmd.index(ENTRY)
+    prof = [*cmd[:i], "qknorm_pipeline.benchmark.step_profile", out, "--update", str(PROFILED_UPDATE), "--",
+            *cmd[i + 1:], "--max-update", str(PROFILED_UPDATE), "--log-interval", "1000"]
+    p = subprocess.run(prof, env=env, capture_output=True, text=True)
+    if p.returncode != 0 or not os.path.isfile(out):
+        raise UserError(f"profiling {' '.join(cmd[:3])} ... failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
+    with open(out, encoding="utf-8") as f:
+        rec = json.load(f)
+    os.remove(out)
+    return {k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
+                                "padding")}
 
 
 def time_one(cmd, env, warmup, updates):
@@ -83,48 +110,88 @@ def time_one(cmd, env, warmup, updates):
     return statistics.median(ups)
 
 
+def default_precisions(gpu):
+    if gpu:
+        return ["bf16"]
+    return ["fp32", "bf16"] if cpu_has_bf16() else ["fp32"]
+
+
 def run(opts):
     import torch
 
     opts.gpu = torch.cuda.is_available()
-    opts.precision = opts.precision or ("bf16" if opts.gpu else "fp32")
-    device = torch.cuda.get_device_name(0) if opts.gpu else f"CPU ({os.cpu_count()} cores)"
+    opts.precisions = opts.precisions or default_precisions(opts.gpu)
+    if not opts.gpu:
+        for precision in opts.precisions:
+            train_step.check_cpu_precision(precision)
+    device = torch.cuda.get_device_name(0) if opts.gpu else f"{cpu_name()} ({os.cpu_count()} cores)"
     out = opts.out or os.path.join(folders().results, "gpu/throughput.json" if opts.gpu else "throughput-cpu.json")
     if opts.warmup >= opts.updates:
         raise UserError(f"--warmup {opts.warmup} must be below --updates {opts.updates}")
     with tempfile.TemporaryDirectory() as scratch:
         cmds = commands(opts, folders(), scratch)
-        speeds = {s: [] for s in cmds}
+        speeds = {key: [] for key in cmds}
         for rep in range(1, opts.reps + 1):
-            for system, (cmd, env) in cmds.items():
-                speeds[system].append(time_one(cmd, env, opts.warmup, opts.updates))
-                log("benchmark", f"rep {rep}/{opts.reps} {system}: {speeds[system][-1]:.2f} updates/s")
+            for (system, precision), (cmd, env) in cmds.items():
+                speeds[system, precision].append(time_one(cmd, env, opts.warmup, opts.updates))
+                log("benchmark", f"rep {rep}/{opts.reps} {system} {precision}: "
+                                 f"{speeds[system, precision][-1]:.2f} updates/s")
+        profiles = {}
+        if opts.profile:
+            for key, (cmd, env) in cmds.items():
+                profiles[key] = profile_one(cmd, env, scratch)
+                log("benchmark", f"profiled {key[0]} {key[1]}: {profiles[key]['ops']['total']} ops, "
+                                 f"{profiles[key]['syncs']} syncs per update")
     date = datetime.now().astimezone().isoformat(timespec="seconds")
-    records = [{"system": s, "updates_per_s": v, "rep": i + 1, "device": device, "precision": opts.precision,
+    records = [{"system": s, "updates_per_s": v, "rep": i + 1, "device": device, "precision": p,
                 "pair": opts.pair, "updates": opts.updates, "warmup": opts.warmup, "label": opts.label, "date": date,
-                "command": " ".join(shareable(w).replace(sys.executable, "python") for w in cmds[s][0])}
-               for s, values in speeds.items() for i, v in enumerate(values)]
+                "command": " ".join(shareable(w).replace(sys.executable, "python") for w in cmds[s, p][0]),
+                **profiles.get((s, p), {})}
+               for (s, p), values in speeds.items() for i, v in enumerate(values)]
     old = json.load(open(out, encoding="utf-8")) if os.path.isfile(out) else []
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old + records, indent=1) + "\n")
-    base = statistics.median(speeds[STOCK]) if STOCK in speeds else None
-    print(f"| system | updates/s (median of {opts.reps}) | vs stock |\n|---|---|---|")
-    for s, values in speeds.items():
-        med = statistics.median(values)
-        print(f"| {s} | {med:.2f} | {med / base:.2f} |" if base else f"| {s} | {med:.2f} | |")
-    print(f"\n{opts.pair}, {device}, {opts.precision}; appended to {shareable(out)}")
+    print(table(speeds, profiles, opts.reps))
+    print(f"\n{opts.pair}, {device}; appended to {shareable(out)}")
     return records
+
+
+def table(speeds, profiles, reps):
+    """One row per (system, precision): median updates/s, its ratios to stock and to fp32, and the profile."""
+    med = {k: statistics.median(v) for k, v in speeds.items()}
+    head = f"| system | precision | updates/s (median of {reps}) | vs stock | vs fp32 |"
+    rule = "|---|---|---|---|---|"
+    if profiles:
+        head += " ATen ops per update (fwd / bwd / clip / step / other) | syncs per update | shapes per epoch | padding |"
+        rule += "---|---|---|---|"
+    lines = [head, rule]
+    for (s, p), v in med.items():
+        stock, fp32 = med.get((STOCK, p)), med.get((s, "fp32"))  # a SYSTEM:FLAGS row: vs plain stock
+        row = f"| {s} | {p} | {v:.2f} | {v / stock:.2f} |" if stock else f"| {s} | {p} | {v:.2f} | |"
+        row += f" {v / fp32:.2f} |" if fp32 and p != "fp32" else " |"
+        if (s, p) in profiles:
+            r = profiles[s, p]
+            o = r["ops"]
+            phases = " / ".join(str(o.get(k, 0)) for k in ("forward", "backward", "clip", "step", "other"))
+            row += (f" {o['total']} ({phases}) | {r['syncs']} | {r['shapes_per_epoch']} of {r['batches_per_epoch']} "
+                    f"batches | {r['padding']:.1%} |")
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def add_arguments(s):
     s.add_argument("--pair", default="gl-en", help="a prepared pair (default gl-en)")
     s.add_argument("--systems", nargs="+", default=["qknorm", STOCK],
-                   help=f"systems of the pair's recipe and/or {STOCK} (default: qknorm {STOCK})")
+                   help=f"systems of the pair's recipe and/or {STOCK} (default: qknorm {STOCK}); SYSTEM:FLAGS "
+                        "adds fairseq-train flags to one row, e.g. 'qknorm:--fast-dropout --length-buckets 16'")
     s.add_argument("--updates", type=int, default=60, help="updates per timed run (default 60)")
     s.add_argument("--warmup", type=int, default=10, help="updates left out of the median (default 10)")
     s.add_argument("--log-interval", type=int, default=5, help="fairseq's --log-interval: ups is averaged over it")
     s.add_argument("--reps", type=int, default=1, help="alternating repetitions of every system (default 1)")
-    s.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="default: bf16 on a GPU, fp32 on a CPU")
+    s.add_argument("--precisions", nargs="+", choices=("fp32", "bf16", "fp16"),
+                   help="default: bf16 on a GPU; on a CPU fp32 and, where it has native bf16 instructions, bf16")
+    s.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="skip the per-update profile (ops, syncs, batch shapes)")
     s.add_argument("--label", default="", help="a note stored with the records, e.g. before or after a change")
     s.add_argument("--out", help="the JSON file the records are appended to")
     s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for every system (e.g. a smaller model)")

@@ -17,9 +17,12 @@ smoothed score); sacrebleu_treebank, SacreBLEU after NLTK's Treebank detokenizer
 published QKNorm Table 3 number the authors' procedure, which keeps Moses escapes (13a then splits
 `&apos;` into `& apos ;`, so every apostrophe adds easy matches: a warning says how many the
 reference holds), elsewhere the same after undoing the escapes (--treebank-detok to choose).
-p: the paired bootstrap over test sentences (Koehn 2004), or, when a system has several seeds,
-the seed bootstrap over seeds and sentences (significance.py); at the floor of its resamples it
-is printed as a bound ("< 0.001" for 1,000).
+p: the paired bootstrap over test sentences (Koehn 2004), one-sided; at the floor of its resamples
+it is a bound, printed "≤ 0.001 (resampling floor)" for 1,000 samples. When a system has several
+seeds: Welch's t over the seeds' scores with the test set's sampling variance added, a one-seed
+system with the seed variance pooled over the others (significance.py, seed_t_test). The family
+is every system against the baseline; "p (Holm)" is its Holm-Bonferroni adjusted p, and * marks
+an adjusted p below 0.01.
 """
 import csv
 import io
@@ -35,7 +38,7 @@ from ..files import write_atomic
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, MOSES_ESCAPES, ScoringError
 from .score import METRICS, score_runs
-from .significance import format_p, seed_bootstrap
+from .significance import format_p, holm, paired_bootstrap, pooled_variance, seed_t_test, sentence_variance
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
 SHOWN = ("multi_bleu", "multi_bleu_detok", "sacrebleu_treebank")  # sacrebleu: multi_bleu_detok's twin
@@ -147,6 +150,7 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
     scores, stats, score_fns = score_runs(ref, runs, detok, lang)
     tb, _, _ = score_runs(ref, runs, treebank_detok, lang)
     seeded = any(len(g) > 1 for g in groups.values())
+    pooled = pooled_variance([[scores[r][metric] for r in g.values()] for g in groups.values()]) if seeded else None
     rows = []
     for system, by_seed in groups.items():
         per_seed = {k: {m: scores[run][m] if m != "sacrebleu_treebank" else tb[run]["sacrebleu"] for m in ALL_METRICS}
@@ -155,23 +159,39 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
         for m in ALL_METRICS:
             mean, sd = mean_sd([v[m] for v in per_seed.values()])
             row[m], row[m + "_sd"] = round(mean, 4), None if sd is None else round(sd, 4)
-        row.update(delta=None, p_value=None, p_text=None, significant=None)
+        row.update(delta=None, p_value=None, p_text=None, p_holm=None, p_holm_text=None, significant=None)
         if system != baseline:
-            res = seed_bootstrap([stats[r][metric] for r in by_seed.values()],
-                                 [stats[r][metric] for r in groups[baseline].values()],
-                                 n_samples=n_samples, seed=seed, score_fn=score_fns[metric])
-            row.update(delta=round(res["delta"], 4), p_value=res["p_value"], p_text=format_p(res["p_value"], res["floor"]),
-                       significant=res["p_value"] < 0.01)
+            mine, base = list(by_seed.values()), list(groups[baseline].values())
+            if seeded:
+                spread = sentence_variance([stats[r][metric] for r in mine], [stats[r][metric] for r in base],
+                                           n_samples=n_samples, seed=seed, score_fn=score_fns[metric])
+                res = seed_t_test([scores[r][metric] for r in mine], [scores[r][metric] for r in base],
+                                  sentence_var=spread, pooled=pooled)
+            else:
+                res = paired_bootstrap(stats[mine[0]][metric], stats[base[0]][metric], n_samples=n_samples, seed=seed,
+                                       score_fn=score_fns[metric])
+            row.update(delta=round(res["delta"], 4), p_value=res["p_value"])
         else:
             row["delta"] = 0.0
         row["published"] = beside_published(row, published)
         rows.append(row)
+    add_holm(rows, None if seeded else 1 / (n_samples + 1))
     warning = escape_warning(ref, treebank_detok)
     return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
             "reference": [shareable(r) for r in ref], "treebank_detok": treebank_detok,
-            "n_samples": n_samples, "seed": seed, "test": "seed_bootstrap" if seeded else "paired_bootstrap",
-            "seeds": seeded, "sacrebleu_signature": next(iter(scores.values()))["sacrebleu_signature"],
+            "n_samples": n_samples, "seed": seed, "test": "seed_t_test" if seeded else "paired_bootstrap",
+            "seeds": seeded, "pooled_sd": None if pooled is None else [pooled[0] ** 0.5, pooled[1]],
+            "sacrebleu_signature": next(iter(scores.values()))["sacrebleu_signature"],
             "warnings": [warning] if warning else [], "rows": rows}
+
+
+def add_holm(rows, floor):
+    """The p texts, and the Holm-adjusted p over the family of every row tested against the baseline.
+    FLOOR: the bootstrap's; a p at it is a bound, and so is an adjusted p up to m times it."""
+    tested = [r for r in rows if r["p_value"] is not None]
+    for r, adjusted in zip(tested, holm([r["p_value"] for r in tested])):
+        r.update(p_text=format_p(r["p_value"], floor), p_holm=adjusted, significant=adjusted < 0.01,
+                 p_holm_text=format_p(adjusted, floor and min(1.0, len(tested) * floor)))
 
 
 def beside_published(row, published):
@@ -210,7 +230,7 @@ def to_rows(table):
     """Flat rows (header first) shared by the CSV and Markdown outputs."""
     sources = _sources(table)
     metrics = columns(table)
-    header = ["system", *metrics, f"delta {table['metric']}", "p"]
+    header = ["system", *metrics, f"delta {table['metric']}", "p", "p (Holm)"]
     for src, m in sources:  # each published number beside ours in its own metric
         header += [f"{src} published ({m})", f"ours ({m})"]
     if table.get("seeds"):
@@ -224,7 +244,8 @@ def to_rows(table):
         else:
             cells = [r["system"]] + [f"{r[m]:.2f}" for m in metrics]
         cells.append("" if r["system"] == table["baseline"] else f"{r['delta']:+.2f}")
-        cells.append("" if r["p_text"] is None else r["p_text"] + (" *" if r["significant"] else ""))
+        cells.append("" if r["p_text"] is None else r["p_text"])
+        cells.append("" if r["p_holm_text"] is None else r["p_holm_text"] + (" *" if r["significant"] else ""))
         pub = {(p["source"], p["metric"]): p for p in r["published"]}
         for key in sources:
             cells += [f"{pub[key]['bleu']:.2f}", f"{pub[key]['ours']:.2f}"] if key in pub else ["", ""]
@@ -237,13 +258,20 @@ def to_markdown(table):
     lines = [f"# {table['pair']}: test BLEU", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    tested = [r["system"] for r in table["rows"] if r["p_value"] is not None]
     if table.get("seeds"):
+        pooled = table.get("pooled_sd")
         test = (f"mean over seeds ± sample standard deviation; delta of the means and p on {table['metric']} "
-                f"from the seed bootstrap (test sentences and training seeds resampled together, "
-                f"{table['n_samples']} samples, seed {table['seed']}; one-sided, * = p < 0.01)")
+                f"from Welch's t over the seeds' scores, with the test set's sampling variance added (paired "
+                f"bootstrap over sentences, {table['n_samples']} samples, seed {table['seed']}); one-sided; a "
+                "system with one seed gets the seed standard deviation pooled over the others"
+                + (f" ({pooled[0]:.2f}, {pooled[1]} degrees of freedom)" if pooled else ""))
     else:
         test = (f"Delta and p on {table['metric']} (paired bootstrap, {table['n_samples']} samples, "
-                f"seed {table['seed']}; one-sided, * = p < 0.01)")
+                f"seed {table['seed']}; one-sided; its resampling floor is 1/{table['n_samples'] + 1:,})")
+    test += (f". The family of tests: {', '.join(tested)}, each against {table['baseline']} ({len(tested)}); p (Holm): "
+             "Holm-Bonferroni adjusted over it (≤: a bound, at most the number of tests times the floor); "
+             "* = adjusted p < 0.01")
     treebank = ("the QKNorm Table 3 procedure: Treebank on the Moses-escaped text" if table["treebank_detok"] ==
                 "treebank" else "Treebank after undoing the Moses escapes")
     lines += ["", f"Baseline: {table['baseline']}. {test[0].upper() + test[1:]}. "

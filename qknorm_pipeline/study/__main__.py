@@ -1,7 +1,9 @@
 """The real-data study: our normalisation presets and stock fairseq trained on TED gl->en with the
 same data, model size and number of updates, several seeds each, and each also at a multiple of
-its peak learning rate; test decoding alike; a report of test BLEU with significance tests over
-seeds and sentences, training wall time and dev-BLEU curves.
+its peak learning rate (configs/studies/gl-en.yaml), or every system under one recipe at each
+learning rate of a grid, then more seeds at its best rate (configs/studies/gl-en-norm.yaml); test
+decoding alike; a report of test BLEU with significance tests over seeds and sentences, training
+wall time and dev-BLEU curves.
 
 usage: bash scripts/study.sh [--config FILE] [--systems "a b"] [--seeds N] [--max-update N]
                              [--report-only] [--dry-run] [--verbose]
@@ -15,7 +17,9 @@ Steps, each resumable (the study spans sessions; re-run the same command to go o
   3. the report from the records: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png
 Runs: checkpoints $CKPT_DIR/NAME/PAIR/RUN, log $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs
 $RESULTS_DIR/NAME/PAIR/RUN (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K, SYSTEM_lrMx for
-seed 1 at M times the peak learning rate).
+seed 1 at M times the peak learning rate; with a grid SYSTEM_lrL for seed 1 at peak L, e.g.
+qknorm_lr1e-3, and SYSTEM_lrL_seedK at the system's best L by dev BLEU, named once its grid runs
+are recorded: the same call trains the grid, then those).
 Exit status: 0 ok, 2 a usage error, 1 a failure.
 """
 import os
@@ -26,7 +30,7 @@ import time
 from ..cli import Parser, UsageError, log, prog
 from ..cli import main as run_main
 from ..paths import folders, short
-from . import config, report, runs
+from . import config, records, report, runs
 
 TAG = "study"
 
@@ -72,6 +76,22 @@ def parser():
     return p
 
 
+def select(cfg, a, records_dir):
+    """The runs asked for, and {system: [seeds]} of those that wait for the system's grid."""
+    systems = a.systems.split() if a.systems else None
+    best = records.best_rates(cfg, records_dir)
+    chosen = config.runs(cfg, systems, a.seeds, best=best)
+    waiting = config.waiting(cfg, systems, a.seeds, best)
+    if a.runs:
+        unknown = [r for r in a.runs.split() if r not in {c.name for c in chosen}]
+        if unknown:
+            later = f"; not named yet: the best-rate runs of {', '.join(waiting)}" if waiting else ""
+            raise UsageError(f"--runs: {' '.join(unknown)} not among the study's runs ({' '.join(c.name for c in chosen)})"
+                             + later)
+        chosen, waiting = [c for c in chosen if c.name in a.runs.split()], {}
+    return chosen, waiting
+
+
 def run(a, invocation):
     if a.verbose:
         os.environ["VERBOSE"] = "1"
@@ -81,16 +101,17 @@ def run(a, invocation):
     cfg = config.load(a.config)
     name = cfg.name + (f"-u{a.max_update}" if a.max_update else "")
     where = folders().under(name)
-    chosen = config.runs(cfg, a.systems.split() if a.systems else None, a.seeds)
-    if a.runs:
-        unknown = [r for r in a.runs.split() if r not in {c.name for c in chosen}]
-        if unknown:
-            raise UsageError(f"--runs: {' '.join(unknown)} not among the study's runs ({' '.join(c.name for c in chosen)})")
-        chosen = [c for c in chosen if c.name in a.runs.split()]
-    prepare_data(cfg, where)
     records_dir = os.path.join(where.results, "runs", cfg.pair)
+    chosen, waiting = select(cfg, a, records_dir)
+    prepare_data(cfg, where)
     if not a.report_only:
-        runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run)
+        runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run, waiting)
+        if waiting and not a.dry_run:  # the grid's records now name each system's best rate
+            known = {c.name for c in chosen}
+            chosen, waiting = select(cfg, a, records_dir)
+            named = [c for c in chosen if c.name not in known]
+            if named:
+                runs.train_all(cfg, named, where, records_dir, a.max_update, waiting=waiting)
     if a.dry_run:
         return
     md = report.write(cfg, chosen, where, records_dir, a.max_update, invocation)

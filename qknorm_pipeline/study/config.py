@@ -2,13 +2,14 @@
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from .. import recipes
 from ..cli import UsageError
 from ..paths import ROOT, shareable
 
 DEFAULT = os.path.join(ROOT, "configs", "studies", "gl-en.yaml")
+PRECISIONS = ("fp32", "bf16")
 
 
 class StudyError(UsageError):
@@ -59,6 +60,15 @@ class Stock:
 
 
 @dataclass
+class OneRecipe:
+    """One training recipe for every system: fairseq-train flags that every row gets (ours after the
+    pair recipe's, so they win; the stock rows with their own), and plugin flags that ours get too."""
+
+    flags: Dict[str, Any] = field(default_factory=dict)
+    ours: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Study:
     name: str = "???"
     pair: str = "???"
@@ -69,7 +79,11 @@ class Study:
     schedule: str = "???"
     systems: Dict[str, Ours] = field(default_factory=dict)
     stock: Stock = field(default_factory=Stock)
+    one_recipe: OneRecipe = field(default_factory=OneRecipe)
     lr_multipliers: List[float] = field(default_factory=list)
+    lr_grid: List[float] = field(default_factory=list)  # peak LRs: seed 1 at each, seeds 2.. at the best
+    precision: str = "fp32"  # train.sh --precision of every run (stock rows: fairseq's --bf16)
+    optimizer: Optional[str] = None  # our rows' --optimizer; None: the pair recipe's
     config: str = ""  # the file, as the report names it
 
 
@@ -80,6 +94,12 @@ class Run:
     seed: int
     lr_multiplier: float
     stock: bool
+    lr: Optional[float] = None  # a peak LR of the grid (lr_grid studies)
+
+    @property
+    def rate(self):
+        """Where the run sits on its study's learning-rate axis: the grid's LR, else the multiplier."""
+        return self.lr if self.lr is not None else self.lr_multiplier
 
 
 def load(path):
@@ -93,6 +113,10 @@ def load(path):
     for system in cfg.systems:
         if system in cfg.stock.rows:
             raise StudyError(f"{shareable(path)}: {system!r} is both one of ours and a stock row")
+    if cfg.precision not in PRECISIONS:
+        raise StudyError(f"{shareable(path)}: precision {cfg.precision!r}: use one of {', '.join(PRECISIONS)}")
+    if cfg.lr_grid and cfg.lr_multipliers:
+        raise StudyError(f"{shareable(path)}: give lr_grid or lr_multipliers, not both")
     return cfg
 
 
@@ -100,27 +124,67 @@ def all_systems(cfg):
     return [*cfg.systems, *cfg.stock.rows]
 
 
-def run_name(system, seed, multiplier=1.0):
-    """SYSTEM for seed 1, SYSTEM_seedK for seed K, SYSTEM_lrMx for the peak LR times M (seed 1)."""
+def lr_tag(lr):
+    """A learning rate as a run name writes it: 5e-4, 1.5e-3."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def run_name(system, seed, multiplier=1.0, lr=None):
+    """SYSTEM for seed 1, SYSTEM_seedK for seed K, SYSTEM_lrMx for the peak LR times M (seed 1);
+    in an lr_grid study SYSTEM_lrL (seed 1) and SYSTEM_lrL_seedK, L the peak LR (lr_tag)."""
+    if lr is not None:
+        return f"{system}_lr{lr_tag(lr)}" + (f"_seed{seed}" if seed != 1 else "")
     if multiplier != 1.0:
         return f"{system}_lr{multiplier:g}x"
     return system if seed == 1 else f"{system}_seed{seed}"
 
 
-def runs(cfg, systems=None, seeds=None, multipliers=True):
-    """The study's runs in the order they train: seed by seed over every system, then each system at
-    each LR multiplier (seed 1). SYSTEMS and SEEDS (the highest seed) restrict them."""
+def best_rate(dev_by_lr):
+    """The grid's best LR of one system from {lr: best dev BLEU of its seed-1 run}: the highest dev
+    BLEU, a tie going to the smaller LR."""
+    return min(dev_by_lr, key=lambda lr: (-dev_by_lr[lr], lr))
+
+
+def _chosen(cfg, systems, seeds):
+    """{system: its highest seed} of the chosen SYSTEMS (default: all): its own seeds, or SEEDS up to
+    the most any chosen system has."""
     systems = systems or all_systems(cfg)
     for s in systems:
         if s not in all_systems(cfg):
             raise StudyError(f"--systems: {s!r} is not in {cfg.config} (have: {' '.join(all_systems(cfg))})")
     count = {s: cfg.systems[s].seeds if s in cfg.systems else cfg.stock.rows[s].seeds for s in systems}
     top = max(count.values())
-    out = [Run(run_name(s, k), s, k, 1.0, s in cfg.stock.rows)
-           for k in range(1, top + 1) for s in systems if k <= (seeds or count[s])]
+    return {s: min(top, seeds or k) for s, k in count.items()}
+
+
+def runs(cfg, systems=None, seeds=None, multipliers=True, best=None):
+    """The study's runs in the order they train: seed by seed over every system, then each system at
+    each LR multiplier (seed 1). In an lr_grid study: every system at each LR of the grid (seed 1),
+    then seed by seed at each system's best rate, for the systems whose best rate BEST ({system: lr},
+    records.best_rates) names: the others wait for their grid (waiting). SYSTEMS and SEEDS (the
+    highest seed) restrict them."""
+    count = _chosen(cfg, systems, seeds)
+    stock = cfg.stock.rows
+    if cfg.lr_grid:
+        best = best or {}
+        out = [Run(run_name(s, 1, lr=lr), s, 1, 1.0, s in stock, lr) for lr in cfg.lr_grid for s in count]
+        return out + [Run(run_name(s, k, lr=best[s]), s, k, 1.0, s in stock, best[s])
+                      for k in range(2, max(count.values()) + 1) for s in count if k <= count[s] and s in best]
+    out = [Run(run_name(s, k), s, k, 1.0, s in stock) for k in range(1, max(count.values()) + 1) for s in count
+           if k <= count[s]]
     if multipliers:
-        out += [Run(run_name(s, 1, m), s, 1, m, s in cfg.stock.rows) for m in cfg.lr_multipliers for s in systems]
+        out += [Run(run_name(s, 1, m), s, 1, m, s in stock) for m in cfg.lr_multipliers for s in count]
     return out
+
+
+def waiting(cfg, systems=None, seeds=None, best=None):
+    """{system: [seeds]} of an lr_grid study's runs that cannot be named yet: those at the best rate
+    of a system whose grid runs are not all recorded (BEST has no rate for it)."""
+    if not cfg.lr_grid:
+        return {}
+    count = _chosen(cfg, systems, seeds)
+    return {s: list(range(2, k + 1)) for s, k in count.items() if k > 1 and s not in (best or {})}
 
 
 def budget(cfg, max_update=None):
@@ -153,6 +217,8 @@ def recipe(cfg, data_bin=None):
     says why each differs)."""
     rec = recipes.load(cfg.pair, data_bin)
     rec.systems = {name: recipes.System(arch=s.arch, stopping=s.stopping) for name, s in cfg.systems.items()}
+    if cfg.optimizer:
+        rec.train.optimizer = cfg.optimizer
     return rec
 
 
@@ -170,23 +236,31 @@ def train_flags(cfg, run, rec, max_update=None):
     validation, and the peak LR (times the run's multiplier)."""
     if run.system not in cfg.systems:
         raise StudyError(f"{run.system!r} is not one of the study's systems: {', '.join(all_systems(cfg))}")
-    lr = peak(cfg, rec) * run.lr_multiplier
-    return [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--lr", f"{lr:.6g}"]
+    lr = run.lr if run.lr is not None else peak(cfg, rec) * run.lr_multiplier
+    one = {**cfg.one_recipe.flags, **cfg.one_recipe.ours}
+    return [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--lr", f"{lr:.6g}",
+            *(a for key, value in one.items() for a in recipes.flag(key, value))]
 
 
 def stock_flags(cfg, system, lr_multiplier=1.0, **overrides):
-    """A stock row's own flags as fairseq-train arguments: fairseq's recipe, no plugin, no model size."""
-    flags = {**cfg.stock.flags, **cfg.stock.rows[system].flags, **overrides}
+    """A stock row's own flags as fairseq-train arguments: fairseq's recipe (or the study's one
+    recipe), no plugin, no model size."""
+    flags = {**cfg.stock.flags, **cfg.one_recipe.flags, **cfg.stock.rows[system].flags, **overrides}
     if lr_multiplier != 1.0:
         flags["lr"] = f"{float(flags['lr']) * lr_multiplier:g}"
     return [a for key, value in flags.items() for a in recipes.flag(key, value)]
 
 
+def precision_flags(cfg):
+    """A stock row's precision flag: fairseq's own --bf16 (our rows get train.sh's --precision)."""
+    return [] if cfg.precision == "fp32" else [f"--{cfg.precision}"]
+
+
 def stock_args(cfg, run, rec, data_bin, save_dir, max_update=None):
     """fairseq-train's arguments for a stock row of the study."""
     return [data_bin, "--source-lang", rec.src, "--target-lang", rec.tgt,
-            *stock_flags(cfg, run.system, run.lr_multiplier), *model_flags(cfg.model),
-            *schedule_flags(cfg, max_update), "--seed", str(run.seed),
+            *stock_flags(cfg, run.system, run.lr_multiplier, **({} if run.lr is None else {"lr": f"{run.lr:g}"})),
+            *model_flags(cfg.model), *schedule_flags(cfg, max_update), *precision_flags(cfg), "--seed", str(run.seed),
             "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
             "--eval-bleu", "--eval-bleu-remove-bpe", recipes.remove_bpe(rec, data_bin), "--eval-tokenized-bleu",
             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",

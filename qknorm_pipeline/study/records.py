@@ -24,7 +24,7 @@ from datetime import datetime
 
 from ..fairseq_log import parse_line
 from ..paths import ROOT
-from .config import StudyError
+from .config import StudyError, all_systems, best_rate, run_name
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
 
@@ -134,3 +134,15 @@ def read_run(path):
         wall += seg["last"] - seg["first"]
     return {"wall_s": wall, "segments": len(segments), "updates": max([s["updates"] for s in segments] or [0]),
             "curve": [points[u] for u in sorted(points)], "commands": commands}
+
+
+def best_rates(cfg, records_dir):
+    """{system: its best LR of the grid} of an lr_grid study, for every system whose seed-1 runs at
+    each LR of the grid are recorded (config.best_rate: the best dev BLEU of the run)."""
+    out = {}
+    for system in all_systems(cfg):
+        dirs = {lr: os.path.join(records_dir, run_name(system, 1, lr=lr)) for lr in cfg.lr_grid}
+        if cfg.lr_grid and all(os.path.isfile(os.path.join(d, "command.txt")) for d in dirs.values()):
+            curves = {lr: read_run(os.path.join(d, "train.log"))["curve"] for lr, d in dirs.items()}
+            out[system] = best_rate({lr: max((v["bleu"] for v in c), default=float("-inf")) for lr, c in curves.items()})
+    return out

@@ -1,15 +1,19 @@
 """The study's report from its records: study.md, study.json and dev_bleu.png.
 
-- Test BLEU of every system at the recipes' learning rates: mean ± sample sd over seeds with each
-  seed's score, for the best-dev checkpoint (picked by greedy dev BLEU, decoded with beam 4) and
-  for the last checkpoint.
-- Every pair of neighbours in the ranking tested with the seed bootstrap (scoring/significance.py):
-  delta, its 95% interval and the two-sided p; a pair is resolved when the interval excludes 0.
-- Each system at its peak LR and at a multiple of it (seed 1), the rankings at both, and the
-  orderings that hold at both.
+- Test BLEU of every system at the recipes' learning rates (an lr_grid study: at each system's
+  best rate of the grid by dev BLEU): mean ± sample sd over seeds with each seed's score, for the
+  best-dev checkpoint (picked by greedy dev BLEU, decoded with beam 4) and for the last checkpoint.
+- Every pair of neighbours in the ranking (the family of tests) with Welch's t over the seeds'
+  scores plus the test set's sampling variance (scoring/significance.py, which says why): delta,
+  its 95% interval, the two-sided p and its Holm-adjusted p over the family; a one-seed system gets
+  the seed variance pooled over the others; a pair is resolved when its adjusted p is below 0.05,
+  else "not resolved".
+- Each system at its peak LR and at a multiple of it, or at every LR of the grid (seed 1), the
+  rankings at each, and the orderings that hold at all of them.
 - Training wall time per run and the dev-BLEU curves.
 """
 import json
+import math
 import os
 import platform
 from datetime import datetime
@@ -18,13 +22,14 @@ from ..files import write_atomic
 from ..paths import cpu_name, shareable
 from ..scoring.compare import fmt_mean_sd, mean_sd
 from ..scoring.score import score_runs
-from ..scoring.significance import format_p, seed_bootstrap
+from ..scoring.significance import format_p, holm, pooled_variance, seed_t_test, sentence_variance
 from . import config
 from .config import StudyError
 from .records import read_run
 
 METRIC = "multi_bleu_detok"
-N_SAMPLES = 10000
+N_SAMPLES = 10000  # test-set resamples of the sentence term
+ALPHA = 0.05       # a pair is resolved when its Holm-adjusted p is below this
 
 
 def machine():
@@ -73,8 +78,24 @@ def collect(cfg, chosen, records_dir, ref, rec):
     return out
 
 
+def main_rates(cfg, found):
+    """{system: the rate its seeds are compared at}: 1x the peak LR, or in an lr_grid study its best
+    rate of the grid by best dev BLEU (config.best_rate) among the seed-1 runs found."""
+    if not cfg.lr_grid:
+        return {v["run"].system: 1.0 for v in found.values()}
+    dev = {}
+    for v in found.values():
+        if v["run"].seed == 1:
+            dev.setdefault(v["run"].system, {})[v["run"].rate] = max(p["bleu"] for p in v["log"]["curve"])
+    return {system: config.best_rate(by_rate) for system, by_rate in dev.items()}
+
+
 def seeds_of(found, system):
-    return {v["run"].seed: v for v in found.values() if v["run"].system == system and v["run"].lr_multiplier == 1}
+    return {v["run"].seed: v for v in found.values() if v["run"].system == system and v["main"]}
+
+
+def rate_text(cfg, rate):
+    return f"{rate:g}" if cfg.lr_grid else f"{rate:g}×"
 
 
 def main_rows(cfg, found):
@@ -100,26 +121,29 @@ def main_rows(cfg, found):
 
 
 def neighbours(rows, found):
-    """The seed bootstrap between each pair of neighbours in the ranking by mean METRIC."""
+    """Ranking by mean METRIC, the pooled seed variance, and the test of each pair of neighbours in it
+    (the family), with its Holm-adjusted p."""
     ranked = sorted(rows, key=lambda r: -r[METRIC][0])
+    pooled = pooled_variance([r[METRIC + "_per_seed"] for r in rows])
     tests = []
     for hi, lo in zip(ranked, ranked[1:]):
         a = [v["stats"] for v in seeds_of(found, hi["system"]).values()]
         b = [v["stats"] for v in seeds_of(found, lo["system"]).values()]
-        res = seed_bootstrap(a, b, n_samples=N_SAMPLES, seed=12345)
-        lo95, hi95 = res["ci95"]
-        tests.append({"pair": [hi["system"], lo["system"]], "seeds": res["seeds"], "delta": res["delta"],
-                      "ci95": res["ci95"], "p_two_sided": res["p_two_sided"],
-                      "p_text": format_p(res["p_two_sided"], res["floor"], two_sided=True),
-                      "resolved": lo95 > 0 or hi95 < 0})
-    return ranked, tests
+        res = seed_t_test(hi[METRIC + "_per_seed"], lo[METRIC + "_per_seed"], pooled=pooled,
+                          sentence_var=sentence_variance(a, b, n_samples=N_SAMPLES, seed=12345))
+        tests.append({"pair": [hi["system"], lo["system"]], **{k: res[k] for k in (
+            "seeds", "seed_terms", "delta", "se", "ci95", "p_two_sided", "sentence_var")},
+            "df": None if math.isinf(res["df"]) else res["df"], "p_text": format_p(res["p_two_sided"])})  # None: a normal
+    for t, adjusted in zip(tests, holm([t["p_two_sided"] for t in tests])):
+        t.update(p_holm=adjusted, p_holm_text=format_p(adjusted), resolved=adjusted < ALPHA)
+    return ranked, tests, pooled
 
 
 def lr_rows(cfg, found):
-    """Each system at seed 1 for every LR multiplier (1 included)."""
+    """Each system at seed 1 at every rate: each LR multiplier (1 included), or each LR of the grid."""
     rows = []
     for system in config.all_systems(cfg):
-        runs = {v["run"].lr_multiplier: v for v in found.values() if v["run"].system == system and v["run"].seed == 1}
+        runs = {v["run"].rate: v for v in found.values() if v["run"].system == system and v["run"].seed == 1}
         if len(runs) > 1:
             rows.append({"system": system, "by_lr": {m: {"test": v["test"][METRIC], "multi_bleu": v["test"]["multi_bleu"],
                                                          "best_dev": max(p["bleu"] for p in v["log"]["curve"]),
@@ -157,8 +181,11 @@ def plot(found, out, title):
     systems = list(dict.fromkeys(v["run"].system for v in found.values()))
     for v in found.values():
         r, curve = v["run"], v["log"]["curve"]
-        style = "--" if r.lr_multiplier != 1 else ["-", ":", "-.", (0, (1, 1))][(r.seed - 1) % 4]
-        label = f"{r.system} seed {r.seed}" if r.lr_multiplier == 1 else f"{r.system} {r.lr_multiplier:g}x LR"
+        style = ["-", ":", "-.", (0, (1, 1))][(r.seed - 1) % 4] if v["main"] else "--"
+        if r.lr is not None:
+            label = f"{r.system} LR {r.lr:g} seed {r.seed}"
+        else:
+            label = f"{r.system} seed {r.seed}" if v["main"] else f"{r.system} {r.lr_multiplier:g}x LR"
         kw = {"color": colours[systems.index(r.system) % len(colours)], "ls": style, "marker": ".", "label": label,
               "lw": 1}
         axes[0].plot([p["updates"] for p in curve], [p["bleu"] for p in curve], **kw)
@@ -177,16 +204,50 @@ def per_seed(values, digits=2):
     return " (" + ", ".join("n/a" if v is None else f"{v:.{digits}f}" for v in values) + ")" if len(values) > 1 else ""
 
 
-def markdown(cfg, rows, ranked, tests, lrs, rankings, hold, found, n, warmup, interval, command, signature, peak_lr):
+def seeds_text(test):
+    return " vs ".join(f"{k}{' (pooled sd)' if term == 'pooled' else ''}" for k, term in zip(test["seeds"], test["seed_terms"]))
+
+
+def test_text(tests, pooled, rows):
+    """How the pairs were tested, and why (significance.py has the long form)."""
+    single = [r["system"] for r in rows if len(r["seeds"]) == 1]
+    if single and pooled:
+        one = (f"A system with one seed ({', '.join(single)}) has no seed spread of its own: its seed term is the seed "
+               f"standard deviation pooled over the other systems, {pooled[0] ** 0.5:.2f} ({pooled[1]} degrees of "
+               "freedom). ")
+    elif single:
+        one = (f"No system has two seeds, so no seed spread is known: {', '.join(single)} are tested over test "
+               "sentences only. ")
+    else:
+        one = ""
+    return ("Welch's t test on the difference of the seed means (qknorm_pipeline/scoring/significance.py, "
+            "seed_t_test): each system's seed term is the sample variance of its seeds' scores over k with k − 1 "
+            "degrees of freedom, so the interval reflects how little two or three seeds say about their spread "
+            "(t at 0.975: 12.7 with one degree of freedom, 4.3 with two, against the normal's 1.96); the test "
+            f"set's own sampling is added to the variance (a paired bootstrap over its sentences, {N_SAMPLES:,} "
+            "samples, the seeds fixed) but not to the degrees of freedom, df: the Welch–Satterthwaite degrees of "
+            "freedom of the seed terms, so no interval is narrower than Welch's test on the seed scores alone. "
+            "Chosen over a seed bootstrap, whose interval with two or three seeds has no heavier tails than a "
+            "normal's. " + one +
+            "Two-sided, since the ranking that names the pairs comes from the same data. The family of tests: the "
+            f"{len(tests)} pairs of neighbours in the ranking, the table's rows; p (Holm): Holm–Bonferroni adjusted "
+            f"over that family. A pair is resolved when its adjusted p is below {ALPHA:g}; otherwise it is not resolved: the "
+            "data do not separate the two systems, which is no evidence that they are equal. The 95% intervals are "
+            "each pair's own, not adjusted.")
+
+
+def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, found, n, warmup, interval, command, signature,
+             peak_lr):
     m = cfg.model
     lines = [f"# {cfg.name}: TED gl→en, {len(rows)} systems", "",
              f"Command: `{command}`  ", f"Machine: {machine()}  ",
              f"Date: {datetime.now().astimezone().isoformat(timespec='seconds')}  ",
              f"Settings: {cfg.config}; d = {m.embed_dim}, {m.layers}+{m.layers} layers, {m.heads} heads, ffn "
-             f"{m.ffn_dim}; {n} updates of at most 4,096 tokens; warmup {warmup}; greedy dev BLEU every {interval} "
+             f"{m.ffn_dim}; {n} updates of at most 4,096 tokens in {cfg.precision}; warmup {warmup}; greedy dev BLEU every {interval} "
              f"updates picks checkpoint_best.pt; test: beam 4, GNMT α 0.6, the TwT search, for every system. Data: "
              f"{cfg.source_dir} (its own split, not the papers').", "",
-             "## Test BLEU at the recipes' learning rates", "",
+             "## Test BLEU at " + ("each system's best learning rate of the grid" if cfg.lr_grid else
+                                   "the recipes' learning rates"), "",
              "| system | seeds | multi-bleu | multi-bleu-detok | last checkpoint (detok) | best dev BLEU |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -202,30 +263,32 @@ def markdown(cfg, rows, ranked, tests, lrs, rankings, hold, found, n, warmup, in
               "the study kept its last checkpoint's output, whose best one came earlier).", "",
               "## Which differences the design resolves", "",
               f"Ranking by mean multi-bleu-detok: {' > '.join(r['system'] for r in ranked)}.", "",
-              "| pair | seeds | delta | 95% interval | p (two-sided) | resolved |", "|---|---|---|---|---|---|"]
+              "| pair | seeds | delta | 95% interval | df | p (two-sided) | p (Holm) | resolved |",
+              "|---|---|---|---|---|---|---|---|"]
     for t in tests:
         lo, hi = t["ci95"]
-        lines.append(f"| {t['pair'][0]} vs {t['pair'][1]} | {t['seeds'][0]} vs {t['seeds'][1]} | {t['delta']:+.2f} | "
-                     f"[{lo:+.2f}, {hi:+.2f}] | {t['p_text']} | {'yes' if t['resolved'] else 'no'} |")
-    lines += ["", f"Seed bootstrap (qknorm_pipeline/scoring/significance.py): {N_SAMPLES:,} samples, each a test set "
-              "of sentences drawn with replacement and, per system, its seeds drawn with replacement after a "
-              "correction that keeps the variance of a seed mean at s²/k; two-sided, since the ranking "
-              "that names the pairs comes from the same data. A pair is resolved when its 95% interval "
-              "excludes 0. With one seed a system's seed variance is unknown and its test is over "
-              "sentences only.", ""]
+        df = "∞" if t["df"] is None else f"{t['df']:.1f}"
+        lines.append(f"| {t['pair'][0]} vs {t['pair'][1]} | {seeds_text(t)} | {t['delta']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
+                     f"{df} | {t['p_text']} | {t['p_holm_text']} | {'yes' if t['resolved'] else 'not resolved'} |")
+    lines += ["", test_text(tests, pooled, rows), ""]
     if lrs:
         mults = sorted({mm for r in lrs for mm in r["by_lr"]})
-        lines += ["## Each system at its peak learning rate and at a multiple of it (seed 1)", "",
-                  "| system | " + " | ".join(f"{mm:g}× LR: multi-bleu-detok (dev)" for mm in mults) + " |",
+        lines += ["## Each system at every learning rate of the grid (seed 1)" if cfg.lr_grid else
+                  "## Each system at its peak learning rate and at a multiple of it (seed 1)", "",
+                  "| system | " + " | ".join(f"{rate_text(cfg, mm)} LR: multi-bleu-detok (dev)" for mm in mults) + " |",
                   "|---|" + "---|" * len(mults)]
         for r in lrs:
             cells = [f"{r['by_lr'][mm]['test']:.2f} ({r['by_lr'][mm]['best_dev']:.2f})" if mm in r["by_lr"] else ""
                      for mm in mults]
             lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
-        lines += ["", f"Our systems' peak is {peak_lr:.3g} at 1×; the stock rows' is fairseq's IWSLT recipe's "
-                  "(configs/studies/gl-en.yaml), each times the same multiple. One seed per cell: a difference "
-                  "here is not tested against seed variance.", ""]
-        lines += [f"- Ranking at {mm:g}×: {' > '.join(rk)}" for mm, rk in rankings.items()]
+        if cfg.lr_grid:
+            about = ("The peak learning rates of every system's one recipe; each system's best by best dev BLEU (a tie: "
+                     "the smaller) is the rate of its further seeds and of the tables above.")
+        else:
+            about = (f"Our systems' peak is {peak_lr:.3g} at 1×; the stock rows' is fairseq's IWSLT recipe's "
+                     f"({cfg.config}), each times the same multiple.")
+        lines += ["", about + " One seed per cell: a difference here is not tested against seed variance.", ""]
+        lines += [f"- Ranking at {rate_text(cfg, mm)}: {' > '.join(rk)}" for mm, rk in rankings.items()]
         lines += [f"- Orderings that hold at every learning rate: {', '.join(f'{a} > {b}' for a, b in hold) or 'none'}",
                   ""]
     lines += ["## Training wall time", "", "| system | updates per seed | wall time per run, min | updates/s |",
@@ -234,7 +297,7 @@ def markdown(cfg, rows, ranked, tests, lrs, rankings, hold, found, n, warmup, in
         ups = [u / (w * 60) for u, w in zip(r["updates"], r["wall_per_seed"]) if w]
         lines.append(f"| {r['system']} | {' '.join(map(str, r['updates']))} | {fmt_mean_sd(*r['wall_min'], 1)}"
                      f"{per_seed(r['wall_per_seed'], 1)} | {sum(ups) / len(ups):.2f} |")
-    extra = [v for v in found.values() if v["run"].lr_multiplier != 1]
+    extra = [v for v in found.values() if not v["main"]]
     for v in extra:
         lines.append(f"| {v['run'].name} | {v['log']['updates']} | {v['log']['wall_s'] / 60:.1f} | "
                      f"{v['log']['updates'] / max(v['log']['wall_s'], 1e-9):.2f} |")
@@ -250,21 +313,27 @@ def write(cfg, chosen, where, records_dir, max_update=None, command=None):
     if not os.path.isfile(ref):
         raise StudyError(f"no reference {ref}: prepare the study's data first (bash scripts/study.sh --report-only)")
     found = collect(cfg, chosen, records_dir, ref, rec)
+    main = main_rates(cfg, found)
+    for v in found.values():
+        v["main"] = v["run"].rate == main[v["run"].system]
     rows = main_rows(cfg, found)
-    ranked, tests = neighbours(rows, found)
+    ranked, tests, pooled = neighbours(rows, found)
     lrs = lr_rows(cfg, found)
     rankings, hold = lr_conclusions(lrs) if lrs else ({}, [])
     n, warmup, interval = config.budget(cfg, max_update)
     signature = next(iter(found.values()))["test"]["sacrebleu_signature"]
     out = where.results
     plot(found, os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
-    text = markdown(cfg, rows, ranked, tests, lrs, rankings, hold, found, n, warmup, interval, command, signature,
+    text = markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, found, n, warmup, interval, command, signature,
                     config.peak(cfg, rec))
     result = {"name": cfg.name, "max_update": n, "warmup_updates": warmup, "validate_every": interval,
               "machine": machine(), "command": command, "metric": METRIC, "sacrebleu_signature": signature,
-              "systems": rows, "neighbours": tests, "lr": lrs, "rankings": {f"{k:g}": v for k, v in rankings.items()},
-              "hold_at_every_lr": hold,
+              "precision": cfg.precision, "systems": rows, "neighbours": tests,
+              "family": "pairs of neighbours in the ranking", "alpha": ALPHA,
+              "pooled_seed_sd": None if pooled is None else [pooled[0] ** 0.5, pooled[1]],
+              "lr": lrs, "rankings": {f"{k:g}": v for k, v in rankings.items()}, "hold_at_every_lr": hold,
               "runs": {name: {"system": v["run"].system, "seed": v["run"].seed, "lr_multiplier": v["run"].lr_multiplier,
+                              "lr": v["run"].lr,
                               "test": {k: v["test"][k] for k in ("multi_bleu", METRIC, "sacrebleu")},
                               "last": v["last"], "last_source": v["last_source"],
                               **{k: v["log"][k] for k in ("wall_s", "segments", "updates", "curve", "commands")}}

@@ -39,8 +39,8 @@ def plan(cfg, run, rec, where, max_update=None):
     pair = cfg.pair
     if not run.stock:
         ours = cfg.systems[run.system]
-        opts = train_step.Options(seed=run.seed, stopping=ours.stopping, schedule=cfg.schedule, name=run.name,
-                                  extra=config.train_flags(cfg, run, rec, max_update))
+        opts = train_step.Options(precision=cfg.precision, seed=run.seed, stopping=ours.stopping, schedule=cfg.schedule,
+                                  name=run.name, extra=config.train_flags(cfg, run, rec, max_update))
         return train_step.plan(pair, run.system, opts, where, recipe=rec)
     data_bin, save_dir = os.path.join(where.data_bin, pair), os.path.join(where.ckpt, pair, run.name)
     args = config.stock_args(cfg, run, rec, data_bin, save_dir, max_update)
@@ -51,9 +51,13 @@ def plan(cfg, run, rec, where, max_update=None):
     # from the plugin (qknorm_fairseq/checkpoint_compat.py), which this row must not load. It only
     # ever loads the checkpoints it wrote itself, in its own save dir.
     env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
-    return train_step.Run(pair, run.system, run.name, ["fairseq-train", *args], args, save_dir,
+    # fairseq-train itself cannot train in bf16 without TPUs (qknorm_pipeline/fairseq_train.py, fix 1):
+    # a bf16 stock row is started as train.sh starts ours, with no --user-dir
+    launcher = ["fairseq-train"] if cfg.precision == "fp32" else [sys.executable, "-m", "qknorm_pipeline.fairseq_train"]
+    return train_step.Run(pair, run.system, run.name, [*launcher, *args], args, save_dir,
                           os.path.join(where.logs, pair, run.name, "train.log"),
-                          int(train_step.last_value(args, "--max-update")), "GPU" if gpu else "CPU (fp32)", env)
+                          int(train_step.last_value(args, "--max-update")),
+                          f"{'GPU' if gpu else 'CPU'} ({cfg.precision})", env)
 
 
 def record_text(cfg, planned, rec, where):
@@ -65,7 +69,13 @@ def record_text(cfg, planned, rec, where):
 
 def one_run(cfg, run, rec, where, records_dir, label, max_update=None, dry=False):
     """Train, evaluate and record RUN unless its record says it is finished."""
-    planned = plan(cfg, run, rec, where, max_update)
+    try:
+        planned = plan(cfg, run, rec, where, max_update)
+    except UserError as e:
+        if not dry:
+            raise
+        print(f"== {run.name}: cannot run on this machine: {e}")
+        return
     command = record_text(cfg, planned, rec, where)
     rec_dir = os.path.join(records_dir, run.name)
     change = "to train"
@@ -105,10 +115,29 @@ def one_run(cfg, run, rec, where, records_dir, label, max_update=None, dry=False
              "commit it)")
 
 
-def train_all(cfg, chosen, where, records_dir, max_update=None, dry=False):
+def waiting_text(cfg, waiting, records_dir):
+    """What a dry run says of the runs at a best rate not known yet (config.waiting)."""
+    grid = ", ".join(f"{lr:g}" for lr in cfg.lr_grid)
+    lines = []
+    for system, seeds in waiting.items():
+        done = sum(os.path.isfile(os.path.join(records_dir, config.run_name(system, 1, lr=lr), "command.txt"))
+                   for lr in cfg.lr_grid)
+        lines.append(f"== {system} seeds {', '.join(map(str, seeds))}: at {system}'s best learning rate of the grid "
+                     f"({grid}) by dev BLEU, named once its {len(cfg.lr_grid)} grid runs are recorded ({done} of "
+                     f"{len(cfg.lr_grid)} so far)")
+    return "\n".join(lines)
+
+
+def train_all(cfg, chosen, where, records_dir, max_update=None, dry=False, waiting=None):
+    """Train (or, DRY, show) the CHOSEN runs; WAITING: the runs of an lr_grid study that wait for
+    their system's grid (config.waiting)."""
     rec = config.recipe(cfg, os.path.join(where.data_bin, cfg.pair))
     n = max_update or cfg.budget.max_update
+    later = sum(len(seeds) for seeds in (waiting or {}).values())
     log(TAG, f"study {os.path.basename(where.results)}: {len(chosen)} runs of {n} updates each"
+             + (f", then {later} at the best rates of the grid" if later else "")
              + ("; dry run: nothing is trained" if dry else ""))
     for i, run in enumerate(chosen, 1):
         one_run(cfg, run, rec, where, records_dir, f"run {i}/{len(chosen)} {run.name}", max_update, dry)
+    if dry and waiting:
+        print(waiting_text(cfg, waiting, records_dir))

@@ -3,6 +3,10 @@ fairseq, on the tiny corpus (CPU mode)."""
 import json
 import shutil
 
+import pytest
+
+from qknorm_pipeline.paths import cpu_has_bf16, cpu_name
+
 from helpers import TINY_RECIPE, script
 
 
@@ -11,21 +15,53 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
     out = tmp_path / "throughput.json"
     tiny = [f for f in TINY_RECIPE if not f.startswith("{")]
     tiny = tiny[:tiny.index("--eval-bleu-args")]
-    argv = ["fairseq-train", "--pair", "demo", "--systems", "postnorm", "fairseq_transformer", "--updates", "6",
-            "--warmup", "2", "--log-interval", "1", "--label", "test", "--out", str(out), "--", *tiny]
+    argv = ["fairseq-train", "--pair", "demo", "--systems", "postnorm", "postnorm:--fast-dropout --length-buckets 3",
+            "fairseq_transformer", "--precisions", "fp32", "--updates", "8", "--warmup", "2", "--log-interval", "1",
+            "--label", "test", "--out", str(out), "--", *tiny]
     p = script("benchmark.sh", *argv, root=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     recs = json.loads(out.read_text())
-    assert [r["system"] for r in recs] == ["postnorm", "fairseq_transformer"]
+    assert [r["system"] for r in recs] == ["postnorm", "postnorm:--fast-dropout --length-buckets 3",
+                                           "fairseq_transformer"]
     for r in recs:
-        assert r["updates_per_s"] > 0 and r["device"].startswith("CPU") and r["precision"] == "fp32"
-        assert (r["label"], r["pair"], r["updates"], r["warmup"]) == ("test", "demo", 6, 2)
-    ours, stock = (r["command"] for r in recs)
-    assert "python -m qknorm_pipeline.fairseq_train" in ours and "--arch transformer_postnorm" in ours
-    assert "fairseq-train" in stock and "--arch transformer " in stock and "--user-dir" not in stock
-    assert "| fairseq_transformer |" in p.stdout and "| postnorm |" in p.stdout
-    again = script("benchmark.sh", *argv, root=tmp_path)
-    assert again.returncode == 0 and len(json.loads(out.read_text())) == 4  # appended, the first kept
+        assert r["updates_per_s"] > 0 and r["device"].startswith(cpu_name()) and r["precision"] == "fp32"
+        assert (r["label"], r["pair"], r["updates"], r["warmup"]) == ("test", "demo", 8, 2)
+        assert r["ops"]["total"] == sum(r["ops"][k] for k in ("forward", "backward", "clip", "step", "other"))
+        assert 0 < r["shapes_per_epoch"] <= r["batches_per_epoch"] and 0 < r["padding"] < 1
+    ours, fast, stock = recs
+    assert "python -m qknorm_pipeline.fairseq_train" in ours["command"] and "--arch transformer_postnorm" in ours["command"]
+    assert "--fast-dropout --length-buckets 3" in fast["command"] and "--fast-dropout" not in ours["command"]
+    assert "--arch transformer " in stock["command"] and "--user-dir" not in stock["command"]
+    # our rows: the one sync of an update is fairseq's finite-gradient check; multi-tensor Adam and clip
+    for r in (ours, fast):
+        assert r["syncs"] == 1 and "trainer.py" in r["sync_sites"][0]["where"], r["sync_sites"]
+        assert r["ops"]["step"] < 20 and r["ops"]["clip"] < 20
+    # stock fairseq: its padding tests in the encoder and decoder, and the per-parameter Adam
+    assert stock["syncs"] > 1 and stock["ops"]["step"] > 100
+    assert fast["shapes_per_epoch"] <= min(4, ours["shapes_per_epoch"]) and fast["padding"] > ours["padding"]
+    assert "| fairseq_transformer | fp32 |" in p.stdout and "| postnorm | fp32 |" in p.stdout
+    again = script("benchmark.sh", *argv[:4], "postnorm", "--no-profile", *argv[7:], root=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    recs = json.loads(out.read_text())
+    assert len(recs) == 4 and "ops" not in recs[-1]  # appended, the first kept
     missing = script("benchmark.sh", "fairseq-train", "--pair", "en-vi", root=tmp_path)
     assert missing.returncode == 1
     assert "no prepared data in" in missing.stderr and "bash scripts/prepare.sh en-vi first" in missing.stderr
+
+
+def test_bf16_rows_on_a_cpu_with_bf16(tiny_data, tmp_path):
+    if not cpu_has_bf16():
+        pytest.skip("this CPU has no native bf16 instructions (AVX512-BF16, AMX)")
+    shutil.copytree(tiny_data / "bin", tmp_path / "data-bin" / "demo")
+    out = tmp_path / "throughput.json"
+    tiny = [f for f in TINY_RECIPE if not f.startswith("{")]
+    tiny = tiny[:tiny.index("--eval-bleu-args")]
+    p = script("benchmark.sh", "fairseq-train", "--pair", "demo", "--systems", "qknorm", "fairseq_transformer",
+               "--precisions", "bf16", "--updates", "8", "--warmup", "2", "--log-interval", "1", "--out", str(out),
+               "--", *tiny, root=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ours, stock = json.loads(out.read_text())
+    assert ours["precision"] == stock["precision"] == "bf16"
+    assert "--cpu --bf16" in stock["command"] and "--bf16" in ours["command"]
+    # the flat fp32 master: one tensor clipped and stepped, two multi-tensor copies
+    assert ours["syncs"] == 1 and ours["ops"]["step"] < 20 and ours["ops"]["clip"] < 20

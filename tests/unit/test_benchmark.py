@@ -53,7 +53,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
     times = kernels.run(argparse.Namespace(dim=16, heads=2, tokens=8, p=[2.0, 4.0], iters=2, reps=2, out=str(out)))
     names = {name for name, _ in times}
     assert names == {"LayerNorm", "ScaleNorm", "RMSNorm", "vector_norm p=2", "lp_normalize p=2",
-                     "vector_norm p=4", "lp_normalize p=4"}
+                     "vector_norm p=4", "lp_normalize p=4", "torch dropout fp32", "fast_dropout fp32",
+                     "torch dropout bf16", "fast_dropout bf16"}
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
     md = out.with_suffix(".md").read_text()
     assert md in capsys.readouterr().out
@@ -165,4 +166,6 @@ def test_throughput_stock_row_is_the_study_stock_recipe_at_the_pair_recipe_size(
     assert (got["--encoder-embed-dim"], got["--decoder-ffn-embed-dim"], got["--encoder-layers"]) == (
         str(cfg.model.embed_dim), str(cfg.model.ffn_dim), str(cfg.model.encoder_layers))
     assert got["--max-tokens"] == str(cfg.train.max_tokens) and cmd.count("--max-tokens") == 1
-    assert "--user-dir" not in cmd and cmd[-1] == "--cpu" and cmd[0].endswith("fairseq-train")
+    # started as train.sh starts ours (fairseq-train itself cannot run --bf16 without TPUs), no plugin
+    assert "--user-dir" not in cmd and cmd[-1] == "--cpu" and cmd[1:3] == ["-m", "qknorm_pipeline.fairseq_train"]
+    assert throughput.stock_command(cfg, "bin", "save", gpu=False, precision="bf16")[-2:] == ["--cpu", "--bf16"]

@@ -171,8 +171,8 @@ def test_cli_get_and_train_args_is_one_shell_line():
 def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, monkeypatch, capsys):
     """tests/data/recipes_golden.json: the CLI outputs captured from the six full configs before they
     became base.yaml + per-pair differences, every system, schedule, stopping rule and key (regenerated
-    once, for #33's intended changes: TwT rows stop by the paper's rule, QKNorm rows use the QKNorm
-    code's position table)."""
+    for #33's intended changes: TwT rows stop by the paper's rule, QKNorm rows use the QKNorm code's
+    position table; and #38's: --optimizer multi_tensor_adam, the same update as adam)."""
     monkeypatch.setenv("DATA_BIN", str(tmp_path))  # no prepared data: the recipes alone
     golden = json.loads(open(os.path.join(REPO, "tests", "data", "recipes_golden.json")).read())
     assert sorted(golden) == PAPER_PAIRS

@@ -6,14 +6,19 @@ import random
 import numpy as np
 import pytest
 import sacrebleu
+from scipy import stats as scipy_stats
 
 from qknorm_pipeline.scoring import bleu
 from qknorm_pipeline.scoring.significance import (
     approximate_randomization,
     format_p,
+    holm,
     paired_bootstrap,
+    pooled_variance,
     seed_bootstrap,
     seed_means,
+    seed_t_test,
+    sentence_variance,
 )
 
 from helpers import bleu_from_stats, sentence_stats
@@ -182,7 +187,97 @@ def test_one_lucky_seed_is_not_significant():
 
 
 def test_format_p_shows_the_floor_as_a_bound():
-    assert format_p(1 / 1001, 1 / 1001) == "< 0.001"
-    assert format_p(2 / 1001, 1 / 1001, two_sided=True) == "< 0.002"
+    # the floor rounded up, so the bound stays true: 1/1001 < 0.001, 2/10001 < 0.0002
+    assert format_p(1 / 1001, 1 / 1001) == "≤ 0.001 (resampling floor)"
+    assert format_p(2 / 10001, 2 / 10001) == "≤ 0.0002 (resampling floor)"
+    assert format_p(1 / 10001, 1 / 10001) == "≤ 0.0001 (resampling floor)"
+    assert format_p(1 / 3, 1 / 3) == "≤ 0.4 (resampling floor)"
     assert format_p(0.0123, 1 / 1001) == "0.012"
-    assert format_p(1 / 10001, 1 / 10001) == "< 0.0001"
+    # no floor (a t test): small values with two significant digits, never 0 and never a bound
+    assert format_p(0.0123) == "0.012" and format_p(3.21e-5) == "3.2e-05" and format_p(1e-300) == "1.0e-300"
+
+
+def test_holm_against_a_hand_computation():
+    # m = 4. Sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04, raised to 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # capped at 1, and the running maximum keeps the order of the raw p-values
+    assert holm([0.3, 0.5, 0.2]) == pytest.approx([0.6, 0.6, 0.6])
+    assert holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm([0.02]) == [0.02] and holm([]) == []
+
+
+def test_seed_t_test_is_welchs_test():
+    a, b = [6.29, 6.68, 6.09], [5.66, 6.34, 6.09]
+    res = seed_t_test(a, b)
+    ref = scipy_stats.ttest_ind(a, b, equal_var=False)
+    assert res["t"] == pytest.approx(ref.statistic) and res["df"] == pytest.approx(ref.df)
+    assert res["p_two_sided"] == pytest.approx(ref.pvalue)
+    assert res["ci95"] == pytest.approx(list(ref.confidence_interval(0.95)))
+    assert res["p_value"] == pytest.approx(scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
+    assert res["delta"] == pytest.approx(np.mean(a) - np.mean(b)) and res["seed_terms"] == ["own", "own"]
+    # two seeds each: the study's fairseq_transformer against postnorm, one degree of freedom short of 3
+    two = seed_t_test([3.28, 2.99], [1.12, 1.43])
+    assert two["p_two_sided"] == pytest.approx(scipy_stats.ttest_ind([3.28, 2.99], [1.12, 1.43], equal_var=False).pvalue)
+    assert 0.01 < two["p_two_sided"] < 0.02
+
+
+def test_pooled_variance_and_a_one_seed_system_by_hand():
+    # variances 1 (1, 2, 3: 2 df) and 2 (4, 6: 1 df); one seed: no df. Pooled (2 * 1 + 1 * 2) / 3 = 4/3
+    assert pooled_variance([[1, 2, 3], [4, 6], [9]]) == pytest.approx((4 / 3, 3))
+    assert pooled_variance([[9], [5]]) is None
+    # 9 (one seed, pooled 4/3 with 3 df) against 4, 6 (variance 2, mean 5): terms 4/3 and 2/2 = 1
+    res = seed_t_test([9], [4, 6], pooled=(4 / 3, 3))
+    var = 4 / 3 + 1
+    df = var ** 2 / ((4 / 3) ** 2 / 3 + 1 ** 2 / 1)
+    assert res["df"] == pytest.approx(df) and res["se"] == pytest.approx(var ** 0.5)
+    assert res["t"] == pytest.approx(4 / var ** 0.5)
+    assert res["p_two_sided"] == pytest.approx(2 * scipy_stats.t.sf(4 / var ** 0.5, df))
+    assert res["seed_terms"] == ["pooled", "own"]
+    # no pooled variance: the one-seed system's term is unknown and left out, and said so
+    assert seed_t_test([9], [4, 6])["seed_terms"] == ["unknown", "own"]
+
+
+def test_the_sentence_variance_widens_without_adding_degrees_of_freedom():
+    # the seed terms' Welch-Satterthwaite df, (v1 + v2)^2 / (v1^2 / df1 + v2^2 / df2), the sentence
+    # variance s only in the standard error: never narrower than Welch's test on the seed scores
+    a, b, s = [1.0, 2.0, 3.0], [0.0, 0.5], 0.25
+    v1, v2 = 1 / 3, 0.125 / 2
+    res = seed_t_test(a, b, sentence_var=s)
+    assert res["se"] == pytest.approx((v1 + v2 + s) ** 0.5)
+    assert res["df"] == pytest.approx((v1 + v2) ** 2 / (v1 ** 2 / 2 + v2 ** 2 / 1))
+    assert res["df"] == pytest.approx(scipy_stats.ttest_ind(a, b, equal_var=False).df)
+    half = scipy_stats.t.ppf(0.975, res["df"]) * (v1 + v2 + s) ** 0.5
+    assert res["ci95"] == pytest.approx([1.75 - half, 1.75 + half])
+    assert res["p_two_sided"] > scipy_stats.ttest_ind(a, b, equal_var=False).pvalue
+    # seeds that agree exactly: only the test set's variance, a normal interval
+    only = seed_t_test([2.0, 2.0], [1.0, 1.0], sentence_var=0.25)
+    assert only["df"] == float("inf") and only["ci95"] == pytest.approx([1 - 1.959964 * 0.5, 1 + 1.959964 * 0.5])
+
+
+def test_the_t_interval_covers_with_two_seeds_where_a_normal_one_does_not():
+    # 4,000 simulated studies, two seeds per system, no true difference: Welch's 95% interval covers
+    # 0 at least 95% of the time; the same standard error with the normal's 1.96 does far less often
+    rng = np.random.default_rng(0)
+    covered = normal = 0
+    for _ in range(4000):
+        a, b = rng.normal(0, 1, 2), rng.normal(0, 1, 2)
+        res = seed_t_test(a, b)
+        covered += res["ci95"][0] <= 0 <= res["ci95"][1]
+        normal += abs(res["delta"]) <= 1.96 * res["se"]
+    assert covered / 4000 >= 0.945
+    assert normal / 4000 < 0.88
+
+
+def test_sentence_variance_equals_the_procedure_written_out():
+    # the same draws of sentences, every resample scored from scratch with textbook BLEU, the
+    # systems' seed means differenced, the variance over samples
+    refs, noisy = _corpus(seed=4, n=25)
+    sys_runs = _textbook(refs, [noisy(0.25), noisy(0.3)])
+    base_runs = _textbook(refs, [noisy(0.3), noisy(0.35), noisy(0.2)])
+    n_samples, n = 120, len(refs)
+    idx = np.random.default_rng(13).integers(0, n, size=(n_samples, n))
+    d = [np.mean([_corpus_bleu(r, sample) for r in sys_runs]) - np.mean([_corpus_bleu(r, sample) for r in base_runs])
+         for sample in idx]
+    got = sentence_variance(_package_layout(sys_runs), _package_layout(base_runs), n_samples=n_samples, seed=13)
+    assert got == pytest.approx(np.var(d, ddof=1))
+    assert got > 0

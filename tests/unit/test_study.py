@@ -5,17 +5,22 @@ import json
 import os
 import random
 import re
+import statistics
 
 import pytest
+from scipy import stats as scipy_stats
 
 from qknorm_pipeline import recipes
+from qknorm_pipeline import train as train_step
 from qknorm_pipeline.paths import Folders
 from qknorm_pipeline.study import config, records, report
+from qknorm_pipeline.study import runs as study_runs
 from qknorm_pipeline.study.config import StudyError
 
 from helpers import REPO, log_line, naive_bleu
 
 CONFIG = os.path.join(REPO, "configs", "studies", "gl-en.yaml")
+NORM = os.path.join(REPO, "configs", "studies", "gl-en-norm.yaml")  # issue #40: one recipe, an LR grid
 
 
 def _line(stamp, kind, record):
@@ -153,6 +158,109 @@ def test_stock_row_is_plain_fairseq_with_its_own_recipe():
     assert float(lr2["--lr"]) == 1e-3
 
 
+# --- the one-recipe study (configs/studies/gl-en-norm.yaml) ----------------------------------
+
+OURS = ["postnorm", "prenorm", "scalenorm", "qknorm"]
+STOCK = ["fairseq_transformer", "fairseq_prenorm"]
+
+
+def test_norm_study_runs_the_grid_then_seeds_at_each_best_rate():
+    cfg = config.load(NORM)
+    assert cfg.lr_grid == [5e-4, 1e-3, 2e-3] and not cfg.lr_multipliers
+    grid = config.runs(cfg)
+    # every system (ours and stock) at each rate, seed 1, rate by rate; nothing else until the grid is recorded
+    assert [r.name for r in grid] == [f"{s}_lr{tag}" for tag in ("5e-4", "1e-3", "2e-3") for s in OURS + STOCK]
+    assert {(r.seed, r.lr_multiplier) for r in grid} == {(1, 1.0)} and [r.lr for r in grid[::6]] == [5e-4, 1e-3, 2e-3]
+    assert [r.system for r in grid if r.stock] == STOCK * 3
+    assert config.waiting(cfg) == {s: [2, 3] for s in OURS + STOCK}
+    # seeds 2 and 3 at each system's best rate, once it is known; 18 + 12 = 30 runs
+    best = dict(zip(OURS + STOCK, [5e-4, 1e-3, 1e-3, 2e-3, 5e-4, 2e-3]))
+    everything = config.runs(cfg, best=best)
+    assert len(everything) == 30 and config.waiting(cfg, best=best) == {}
+    assert [r.name for r in everything[18:24]] == ["postnorm_lr5e-4_seed2", "prenorm_lr1e-3_seed2", "scalenorm_lr1e-3_seed2",
+                                                  "qknorm_lr2e-3_seed2", "fairseq_transformer_lr5e-4_seed2",
+                                                  "fairseq_prenorm_lr2e-3_seed2"]
+    assert [(r.seed, r.lr) for r in everything[24:]] == [(3, best[s]) for s in OURS + STOCK]
+    some = config.runs(cfg, ["qknorm"], seeds=2, best={"qknorm": 1e-3})
+    assert [r.name for r in some] == ["qknorm_lr5e-4", "qknorm_lr1e-3", "qknorm_lr2e-3", "qknorm_lr1e-3_seed2"]
+    assert config.waiting(cfg, ["qknorm", "postnorm"], seeds=1) == {}
+
+
+def test_the_best_rate_comes_from_the_grid_records(tmp_path):
+    cfg = config.load(NORM)
+    # qknorm's best dev BLEU: 3.0 at 1e-3; postnorm ties at 5e-4 and 2e-3 (the smaller wins); prenorm unfinished
+    runs = {"qknorm_lr5e-4": (600, [1.0, 2.0], 0.3), "qknorm_lr1e-3": (600, [3.0, 2.0], 0.3),
+            "qknorm_lr2e-3": (600, [1.0, 1.5], 0.3), "postnorm_lr5e-4": (600, [1.0, 2.5], 0.3),
+            "postnorm_lr1e-3": (600, [1.0, 2.0], 0.3), "postnorm_lr2e-3": (600, [2.5, 2.0], 0.3),
+            "prenorm_lr5e-4": (600, [1.0, 2.0], 0.3)}
+    _, records_dir, _, _ = _records(tmp_path, runs)
+    best = records.best_rates(cfg, records_dir)
+    assert best == {"qknorm": 1e-3, "postnorm": 5e-4}
+    assert config.best_rate({2e-3: 1.0, 1e-3: 1.0, 5e-4: 0.5}) == 1e-3
+    named = [r.name for r in config.runs(cfg, best=best) if r.seed > 1]
+    assert named == ["postnorm_lr5e-4_seed2", "qknorm_lr1e-3_seed2", "postnorm_lr5e-4_seed3", "qknorm_lr1e-3_seed3"]
+    assert list(config.waiting(cfg, best=best)) == ["prenorm", "scalenorm", *STOCK]
+    assert "(1 of 3 so far)" in study_runs.waiting_text(cfg, {"prenorm": [2, 3]}, records_dir)
+
+
+def _last(args):
+    """{flag: its last value} (fairseq reads the last one) and the set of bare flags."""
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")
+             and not args[i + 1].startswith("--")}
+    return value, {a for a in args if a.startswith("--")}
+
+
+def test_norm_study_trains_every_system_under_one_recipe(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_step, "has_gpu", lambda: True)
+    cfg = config.load(NORM)
+    rec = config.recipe(cfg)
+    where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results")))
+    one = {"--adam-betas": "(0.9, 0.98)", "--clip-norm": "1.0", "--lr-scheduler": "inverse_sqrt", "--warmup-updates": "500",
+           "--warmup-init-lr": "0", "--dropout": "0.3", "--attention-dropout": "0.1", "--activation-dropout": "0.1",
+           "--criterion": "label_smoothed_cross_entropy", "--label-smoothing": "0.1", "--max-tokens": "4096",
+           "--max-update": "2000", "--validate-interval-updates": "200", "--encoder-embed-dim": "256",
+           "--encoder-layers": "3", "--decoder-layers": "3"}
+    for run in config.runs(cfg):
+        planned = study_runs.plan(cfg, run, rec, where)
+        value, flags = _last(planned.fairseq_args)
+        assert {k: value[k] for k in one} == one, run.name
+        assert float(value["--lr"]) == run.lr and float(value["--weight-decay"]) == 0
+        assert float(value["--adam-eps"]) == 1e-8
+        # bf16 for every row: train.sh --precision bf16 for ours, fairseq's --bf16 for the stock rows
+        assert "--bf16" in flags and "--fp16" not in flags, run.name
+        if run.stock:
+            # fairseq-train cannot run --bf16 without TPUs: started as train.sh starts ours, no plugin
+            assert planned.cmd[1:3] == ["-m", "qknorm_pipeline.fairseq_train"] and "--user-dir" not in flags
+            assert value["--optimizer"] == "adam"
+            assert value["--arch"] == "transformer"
+            assert ("--encoder-normalize-before" in flags) == (run.system == "fairseq_prenorm")
+        else:
+            assert planned.where == "1 GPU(s) (bf16)"
+            assert value["--arch"] == f"transformer_{run.system}" and value["--patience"] == "-1"
+            # the TwT recipe's other regularisers off; no recipe flag of the pair's systems
+            assert float(value["--word-dropout"]) == 0 and "--no-target-vocab-mask" in flags
+            assert "--positions" not in flags and "--decay-stop-lr" not in flags
+
+
+def test_precision_is_checked_and_fp32_adds_no_flag(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_step, "has_gpu", lambda: True)
+    cfg = config.load(CONFIG)
+    assert cfg.precision == "fp32" and not cfg.one_recipe.flags
+    rec = config.recipe(cfg)
+    where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results")))
+    for run in config.runs(cfg, ["qknorm", "fairseq_transformer"], seeds=1):
+        args = study_runs.plan(cfg, run, rec, where).fairseq_args
+        assert not {"--bf16", "--fp16", "--precision"} & set(args)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(NORM).read().replace("precision: bf16", "precision: fp16"))
+    with pytest.raises(StudyError, match="precision 'fp16': use one of fp32, bf16"):
+        config.load(str(bad))
+    both = tmp_path / "both.yaml"
+    both.write_text(open(NORM).read() + "lr_multipliers: [2.0]\n")
+    with pytest.raises(StudyError, match="lr_grid or lr_multipliers, not both"):
+        config.load(str(both))
+
+
 # --- the report on fixture records -----------------------------------------------------------
 
 def _records(tmp_path, runs):
@@ -202,13 +310,24 @@ def test_report_tables_significance_and_curves(tmp_path):
     assert "| postnorm | 20 20 | 12.5 ± 3.5 (10.0, 15.0) |" in text
     assert "| qknorm | 20 20 | 11.5 ± 0.7 (11.0, 12.0) |" in text
     assert "Total training time: 68.0 min over 6 runs" in text
-    # the ranking and the neighbours' test: qknorm clearly ahead, its interval above 0
+    # the ranking and the neighbours' test: Welch's t over the two seeds of each (by hand, with scipy's
+    # t distribution), the test set's variance added; one pair, so Holm changes nothing
     result = json.load(open(os.path.join(where.results, "study.json")))
     assert "Ranking by mean multi-bleu-detok: qknorm > postnorm." in text
     (test,) = result["neighbours"]
-    assert test["pair"] == ["qknorm", "postnorm"] and test["seeds"] == [2, 2]
-    assert test["resolved"] and test["ci95"][0] > 0 and test["p_two_sided"] < 0.01
-    assert re.search(r"\| qknorm vs postnorm \| 2 vs 2 \| \+[\d.]+ \| \[\+[\d.]+, \+[\d.]+\] \| < 0\.0002 \| yes \|", text)
+    p = [bleu["postnorm"], bleu["postnorm_seed2"]]
+    assert test["pair"] == ["qknorm", "postnorm"] and test["seeds"] == [2, 2] and test["seed_terms"] == ["own", "own"]
+    terms = [statistics.variance(q) / 2, statistics.variance(p) / 2]
+    var = sum(terms) + test["sentence_var"]
+    df = sum(terms) ** 2 / sum(v ** 2 for v in terms)
+    t = (statistics.mean(q) - statistics.mean(p)) / var ** 0.5
+    assert test["delta"] == pytest.approx(statistics.mean(q) - statistics.mean(p), abs=1e-3)
+    assert test["df"] == pytest.approx(df, rel=1e-3)
+    assert test["p_two_sided"] == pytest.approx(2 * scipy_stats.t.sf(t, df), rel=1e-3)
+    assert test["p_holm"] == test["p_two_sided"] and test["resolved"] == (test["p_two_sided"] < 0.05)
+    assert 0 < test["sentence_var"] < var
+    lo, hi = test["ci95"]
+    assert f"| qknorm vs postnorm | 2 vs 2 | {test['delta']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | {df:.1f} | " in text
     # both LRs: the ordering holds at 1x and 2x
     assert result["rankings"] == {"1": ["qknorm", "postnorm"], "2": ["qknorm", "postnorm"]}
     assert result["hold_at_every_lr"] == [["qknorm", "postnorm"]]
@@ -221,6 +340,83 @@ def test_report_tables_significance_and_curves(tmp_path):
     png = os.path.join(where.results, "dev_bleu.png")
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tmp_path):
+    cfg = config.load(CONFIG)
+    cfg.lr_multipliers = []
+    runs = {"postnorm": (600, [1.0, 2.0], 0.5), "postnorm_seed2": (900, [1.5, 2.5], 0.45),
+            "qknorm": (660, [2.0, 3.0], 0.2), "qknorm_seed2": (720, [2.0, 3.5], 0.25), "prenorm": (600, [1.0, 2.0], 0.35)}
+    where, records_dir, refs, hyps = _records(tmp_path, runs)
+    chosen = [r for r in config.runs(cfg, ["postnorm", "prenorm", "qknorm"], seeds=2) if r.name in runs]
+    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    result = json.load(open(os.path.join(where.results, "study.json")))
+    bleu = {r: naive_bleu(h, refs) for r, h in hyps.items()}
+    post, qk = [bleu["postnorm"], bleu["postnorm_seed2"]], [bleu["qknorm"], bleu["qknorm_seed2"]]
+    # one degree of freedom from each two-seed system: the mean of their variances
+    pooled = (statistics.variance(post) + statistics.variance(qk)) / 2
+    assert result["pooled_seed_sd"] == pytest.approx([pooled ** 0.5, 2], rel=1e-4)
+    assert "Ranking by mean multi-bleu-detok: qknorm > prenorm > postnorm." in text
+    first, second = result["neighbours"]
+    assert first["seed_terms"] == ["own", "pooled"] and second["seed_terms"] == ["pooled", "own"]
+    var = pooled + statistics.variance(post) / 2 + second["sentence_var"]
+    df = (var - second["sentence_var"]) ** 2 / (pooled ** 2 / 2 + (statistics.variance(post) / 2) ** 2 / 1)
+    t_stat = (bleu["prenorm"] - statistics.mean(post)) / var ** 0.5
+    assert second["p_two_sided"] == pytest.approx(2 * scipy_stats.t.sf(t_stat, df), rel=1e-3)
+    # Holm over the two pairs, by hand: the smaller p doubled, the larger raised to it
+    small, large = sorted(t["p_two_sided"] for t in (first, second))
+    assert sorted(t["p_holm"] for t in (first, second)) == pytest.approx([min(1, 2 * small), min(1, max(2 * small, large))])
+    assert "| prenorm vs postnorm | 1 (pooled sd) vs 2 |" in text
+    assert f"its seed term is the seed standard deviation pooled over the other systems, {pooled ** 0.5:.2f} (2 " in text
+    assert "The family of tests: the 2 pairs of neighbours in the ranking" in text
+    for test in (first, second):
+        assert test["resolved"] == (test["p_holm"] < 0.05)
+        assert f" | {test['p_holm_text']} | {'yes' if test['resolved'] else 'not resolved'} |" in text
+    assert not re.search(r"\bties?\b", text) and "< 0." not in text
+
+
+def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
+    cfg = config.load(CONFIG)
+    cfg.lr_multipliers = []
+    where, records_dir, refs, hyps = _records(tmp_path, {"postnorm": (600, [1.0, 2.0], 0.5),
+                                                         "qknorm": (660, [2.0, 3.0], 0.3)})
+    chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=1)
+    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    (test,) = json.load(open(os.path.join(where.results, "study.json")))["neighbours"]
+    # no seed spread known: a normal test with the test set's variance alone
+    assert test["seed_terms"] == ["unknown", "unknown"] and test["df"] is None
+    z = test["delta"] / test["sentence_var"] ** 0.5
+    assert test["p_two_sided"] == pytest.approx(2 * scipy_stats.norm.sf(abs(z)), rel=1e-6)
+    assert "| qknorm vs postnorm | 1 vs 1 |" in text and " | ∞ | " in text
+    assert "No system has two seeds, so no seed spread is known: postnorm, qknorm are tested over test sentences only" in text
+
+
+def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
+    cfg = config.load(NORM)
+    cfg.lr_grid = [1e-3, 2e-3]
+    # postnorm's best dev BLEU at 2e-3, qknorm's at 1e-3
+    runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5), "postnorm_lr2e-3": (600, [1.0, 3.0], 0.45),
+            "postnorm_lr2e-3_seed2": (660, [1.5, 2.5], 0.5), "qknorm_lr1e-3": (600, [2.0, 4.0], 0.2),
+            "qknorm_lr2e-3": (600, [1.0, 2.0], 0.4), "qknorm_lr1e-3_seed2": (720, [2.0, 3.5], 0.25)}
+    where, records_dir, refs, hyps = _records(tmp_path, runs)
+    best = records.best_rates(cfg, records_dir)
+    assert best == {"postnorm": 2e-3, "qknorm": 1e-3}
+    chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=2, best=best)
+    assert sorted(r.name for r in chosen) == sorted(runs)
+    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    bleu = {r: naive_bleu(h, refs) for r, h in hyps.items()}
+    result = json.load(open(os.path.join(where.results, "study.json")))
+    rows = {r["system"]: r for r in result["systems"]}
+    assert rows["postnorm"]["multi_bleu_per_seed"] == pytest.approx([bleu["postnorm_lr2e-3"], bleu["postnorm_lr2e-3_seed2"]],
+                                                                    abs=1e-3)
+    assert rows["qknorm"]["multi_bleu_per_seed"] == pytest.approx([bleu["qknorm_lr1e-3"], bleu["qknorm_lr1e-3_seed2"]],
+                                                                  abs=1e-3)
+    assert "## Test BLEU at each system's best learning rate of the grid" in text
+    assert "| system | 0.001 LR: multi-bleu-detok (dev) | 0.002 LR: multi-bleu-detok (dev) |" in text
+    assert f"| qknorm | {bleu['qknorm_lr1e-3']:.2f} (4.00) | {bleu['qknorm_lr2e-3']:.2f} (2.00) |" in text
+    # the runs off the best rate have their own rows in the wall-time table
+    assert "| postnorm_lr1e-3 | 20 | 10.0 |" in text and "| qknorm_lr2e-3 | 20 | 10.0 |" in text
+    assert result["runs"]["qknorm_lr2e-3"]["lr"] == 2e-3
 
 
 def test_report_names_a_missing_record(tmp_path):

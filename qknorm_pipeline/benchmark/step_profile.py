@@ -1,0 +1,149 @@
+"""What one training update costs the host, counted on a CPU: fairseq-train as train.sh runs it,
+with one update watched.
+
+    python -m qknorm_pipeline.benchmark.step_profile OUT.json [--plain] [--update K] -- FAIRSEQ-TRAIN ARGS
+
+Trains K updates (default 6; give --log-interval above K so that update K does not log) and,
+during update K, counts:
+- ATen ops by phase (every op dispatched below autograd, views included): forward (the criterion:
+  model and loss), backward, clip (the gradient norm and clipping, with the bf16 master copy),
+  step (the optimizer step), other (the rest of the trainer's update: zero_grad, gradient scaling,
+  meters, the sample's preparation);
+- host-device syncs: ops whose result the host must read (`.item()`, `bool(t)`, `int(t)`:
+  aten::_local_scalar_dense; data-dependent shapes: nonzero, masked_select, unique; equal,
+  is_nonzero) on a tensor that would live on the device (not one made from a shape), and tensors
+  made from Python data (lift_fresh: a host-to-device copy on a GPU); each site is listed with its
+  Python caller;
+then the training split's batches as the trainer draws them in an epoch: their number, the
+distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
+all tokens, source and target together). --plain runs fairseq's own Trainer (plain fairseq-train,
+as the stock rows run); otherwise qknorm_pipeline.fairseq_train's.
+"""
+import json
+import sys
+import traceback
+from collections import Counter
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SYNCS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "equal", "is_nonzero")
+H2D = ("lift_fresh", "lift_fresh_copy")
+# A tensor made without a device (torch.onnx.operators.shape_as_tensor, read by fairseq's position
+# embeddings, makes one) lives on the host on every machine; so does whatever is computed from host
+# tensors only. Reading those is no sync. Code meant for the device names it (device=x.device).
+HOST = "_qknorm_on_host"
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.phase, self.ops, self.syncs = "other", Counter(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops[self.phase] += 1
+        name = func.overloadpacket.__name__
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        on_host = bool(inputs) and all(getattr(t, HOST, False) for t in inputs)
+        if (name in SYNCS and not on_host) or name in H2D:
+            self.syncs.append({"op": name, "phase": self.phase, "kind": "sync" if name in SYNCS else "h2d",
+                               "where": caller()})
+        out = func(*args, **kwargs)
+        if on_host or (not inputs and kwargs.get("device") is None):
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    setattr(t, HOST, True)
+        return out
+
+
+def caller():
+    """The innermost Python frame outside torch and this file."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "/torch/" not in frame.filename and not frame.filename.endswith("step_profile.py"):
+            return f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
+    return "?"
+
+
+def phased(counter, name, fn):
+    def wrapped(*args, **kwargs):
+        before, counter.phase = counter.phase, name
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            counter.phase = before
+    return wrapped
+
+
+def epoch_shapes(trainer):
+    """(batches, distinct shapes, padding fraction) of an epoch of the training split."""
+    cfg, task = trainer.cfg, trainer.task
+    ds = task.dataset(cfg.dataset.train_subset)
+    indices, _ = ds.filter_indices_by_size(ds.ordered_indices(), trainer.get_model().max_positions())
+    batches = ds.batch_by_size(indices, max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
+                               required_batch_size_multiple=cfg.dataset.required_batch_size_multiple)
+    shapes, pad, total = set(), 0, 0
+    for batch in batches:
+        sample = ds.collater([ds[int(i)] for i in batch])
+        src, tgt = sample["net_input"]["src_tokens"], sample["target"]
+        shapes.add((src.size(0), src.size(1), tgt.size(1)))
+        pad += int(src.eq(task.src_dict.pad()).sum() + tgt.eq(task.tgt_dict.pad()).sum())
+        total += src.numel() + tgt.numel()
+    return len(batches), len(shapes), pad / total
+
+
+def watch(trainer_cls, update, out):
+    original = trainer_cls.train_step
+
+    def train_step(self, samples, raise_oom=False):
+        if self.get_num_updates() + 1 != update:
+            return original(self, samples, raise_oom)
+        counter = OpCounter()
+        crit, opt = self.criterion, self.optimizer
+        saved = crit.forward, opt.backward, self.clip_grad_norm, opt.step
+        crit.forward = phased(counter, "forward", crit.forward)
+        opt.backward = phased(counter, "backward", opt.backward)
+        self.clip_grad_norm = phased(counter, "clip", self.clip_grad_norm)
+        opt.step = phased(counter, "step", opt.step)
+        try:
+            with counter:
+                result = original(self, samples, raise_oom)
+        finally:
+            crit.forward, opt.backward, self.clip_grad_norm, opt.step = saved
+        batches, shapes, padding = epoch_shapes(self)
+        ops = dict(counter.ops, total=sum(counter.ops.values()))
+        record = {"update": update, "ops": ops, "syncs": sum(s["kind"] == "sync" for s in counter.syncs),
+                  "h2d": sum(s["kind"] == "h2d" for s in counter.syncs), "sync_sites": counter.syncs,
+                  "batches_per_epoch": batches, "shapes_per_epoch": shapes, "padding": padding,
+                  "logging_update": update % self.cfg.common.log_interval == 0}
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+        return result
+
+    trainer_cls.train_step = train_step
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv or argv.index("--") < 1:
+        sys.exit("usage: python -m qknorm_pipeline.benchmark.step_profile OUT.json [--plain] [--update K] -- ARGS")
+    ours, args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    out, plain = ours[0], "--plain" in ours
+    update = int(ours[ours.index("--update") + 1]) if "--update" in ours else 6
+    from fairseq.trainer import Trainer
+
+    watch(Trainer, update, out)  # FastTrainer inherits train_step
+    sys.argv = [sys.argv[0], *args]
+    if plain:
+        from fairseq_cli.train import cli_main
+
+        cli_main()
+    else:
+        from ..fairseq_train import main as ours_main
+
+        ours_main(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The leaner training step (issue #38): each change against fairseq's own computation, bit for bit
+in fp32, and the fast paths (flat bf16 master, --fast-dropout, --length-buckets) against what they
+replace."""
+import numpy as np
+import pytest
+import torch
+from fairseq import utils
+from fairseq.models.transformer import TransformerEncoderBase
+from omegaconf import OmegaConf
+
+from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
+from qknorm_fairseq.fast_dropout import fast_dropout, keep_mask
+from qknorm_fairseq.length_buckets import LengthBucketDataset, bucket_batches, bucket_bounds
+from qknorm_fairseq.optimizer import FairseqMultiTensorAdam
+from qknorm_fairseq.trainer import FlatBF16Optimizer
+
+from helpers import batch, build
+
+
+def _cfg(optimizer="multi_tensor_adam", lr=1e-2):
+    return OmegaConf.create({
+        "common": {"bf16": True, "fp16_no_flatten_grads": False, "fp16_scale_window": None, "tpu": False,
+                   "model_parallel_size": 1},
+        "optimization": {"update_freq": [1], "lr": [lr]},
+        "distributed_training": {"distributed_world_size": 1},
+        "optimizer": {"_name": optimizer, "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-8, "weight_decay": 0.0,
+                      "lr": [lr]}})
+
+
+def _params(seed):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(7, 5), (5,), (3, 4, 2)]
+    return [torch.nn.Parameter(torch.randn(s, generator=g).bfloat16()) for s in shapes]
+
+
+def test_flat_bf16_master_steps_as_fairseqs_per_parameter_masters():
+    """fairseq's FP16Optimizer under --bf16 (one fp32 copy per parameter, its adam) and ours (one flat
+    fp32 tensor, multi_tensor_adam): the same bf16 weights and fp32 masters after clipped steps."""
+    from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+    ref_params, flat_params = _params(0), _params(0)
+    ref = FP16Optimizer.build_optimizer(_cfg("adam"), ref_params)
+    flat = FlatBF16Optimizer.build_optimizer(_cfg(), flat_params)
+    assert flat.fp32_params.numel() == sum(p.numel() for p in flat_params) and flat.fp32_params.dtype == torch.float32
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 + step)
+        grads = [torch.randn(p.shape, generator=g).bfloat16() for p in ref_params]
+        norms = []
+        for opt, params in ((ref, ref_params), (flat, flat_params)):
+            opt.zero_grad()
+            for p, gr in zip(params, grads):
+                p.grad = gr.clone()
+            opt._needs_sync = True  # as opt.backward(loss) leaves it
+            opt.multiply_grads(0.5)
+            norms.append(opt.clip_grad_norm(1.0))
+            opt.step()
+        # the norm of one flat tensor and fairseq's norm of per-parameter norms differ in rounding only
+        assert norms[0] > 1 and torch.allclose(norms[0], norms[1], rtol=1e-6)
+    ref32 = torch.cat([p.reshape(-1) for p in ref.fp32_params])
+    assert torch.allclose(ref32, flat.fp32_params.data, rtol=1e-6, atol=1e-7)
+    for p, q, master in zip(ref_params, flat_params, flat._master):
+        assert q.dtype == torch.bfloat16 and torch.equal(q, master.bfloat16())  # the masters written back
+        assert torch.allclose(p.float(), q.float(), rtol=1e-2)
+
+
+def test_multi_tensor_clip_is_fairseqs_clip_bit_for_bit():
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in ((40, 30), (30,), (9, 9))]
+    ref = [torch.nn.Parameter(torch.zeros(s)) for s in ((40, 30), (30,), (9, 9))]
+    g = torch.Generator().manual_seed(3)
+    for p, q in zip(params, ref):
+        p.grad = torch.randn(p.shape, generator=g) * 3
+        q.grad = p.grad.clone()
+    opt = FairseqMultiTensorAdam(OmegaConf.create(_cfg().optimizer), params)
+    ours = opt.clip_grad_norm(1.0)
+    theirs = utils.clip_grad_norm_(ref, 1.0)
+    assert torch.equal(ours, theirs) and ours > 1
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(params, ref))
+
+
+def test_fast_dropout_keeps_one_minus_p_scaled_and_backpropagates_through_the_same_mask():
+    torch.manual_seed(0)
+    x = torch.ones(400, 500, requires_grad=True)
+    y = fast_dropout(x, 0.4)
+    kept = (y != 0).float().mean().item()
+    # binomial sd of the kept share over 200,000 units: 0.0011
+    assert abs(kept - 0.6) < 0.006, kept
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.6))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # d(sum)/dx = the mask itself
+    assert fast_dropout(x, 0.4, training=False) is x and fast_dropout(x, 0.0) is x
+    assert not fast_dropout(x, 1.0).any()
+    m = keep_mask((1000, 1000), 0.9, torch.bfloat16)
+    assert m.dtype == torch.bfloat16 and abs((m > 0).float().mean().item() - 0.9) < 0.003
+
+
+def test_fast_dropout_model_swaps_every_dropout(tiny_data):
+    model, _ = build(tiny_data / "bin", "transformer_qknorm", "--fast-dropout", "--attention-dropout", "0.1")
+    kinds = {type(m).__name__ for m in model.modules() if "Dropout" in type(m).__name__}
+    assert kinds == {"FastDropout"}
+    assert all(a.fast_dropout for a in model.modules() if hasattr(a, "qk_scale"))
+
+
+def test_encoder_without_its_padding_test_is_fairseqs_encoder(tiny_data):
+    """Our encoder always passes the padding mask (no host sync); fairseq's passes None when a batch
+    has no padding. Same outputs, bit for bit, with and without padding."""
+    model, task = build(tiny_data / "bin", "transformer_prenorm")
+    model.eval()
+    src, lengths, _ = batch(task)
+    for tokens in (src, src[[0, 2]]):  # rows 0 and 2 have no padding
+        with torch.no_grad():
+            ours = model.encoder(tokens, src_lengths=lengths[: len(tokens)])
+            theirs = TransformerEncoderBase.forward_scriptable(model.encoder, tokens, lengths[: len(tokens)])
+        assert torch.equal(ours["encoder_out"][0], theirs["encoder_out"][0])
+        assert torch.equal(ours["src_lengths"][0], theirs["src_lengths"][0])
+
+
+def test_decoder_builds_the_padding_mask_in_training_only(tiny_data):
+    model, _ = build(tiny_data / "bin", "transformer_qknorm")
+    model.train()
+    assert model.decoder.cross_self_attention is True
+    model.eval()
+    assert model.decoder.cross_self_attention is False
+
+
+def test_training_loss_is_the_same_with_the_decoders_mask_forced(tiny_data):
+    """In training the decoder self-attention always gets the padding mask; the loss equals the one
+    of fairseq's rule (mask only when there is padding) bit for bit."""
+    model, task = build(tiny_data / "bin", "transformer_qknorm", "--dropout", "0", "--attention-dropout", "0",
+                        "--activation-dropout", "0", "--word-dropout", "0")
+    src, lengths, prev = batch(task)
+    prev[0, -2:] = task.target_dictionary.pad()  # one target padded at its end, as fairseq pads targets
+    model.train()
+    forced = model(src, lengths, prev)[0]
+    cls = type(model.decoder)
+    ours = cls.__dict__["cross_self_attention"]
+    cls.cross_self_attention = property(lambda self: False, lambda self, v: None)
+    try:
+        plain = model(src, lengths, prev)[0]
+        without_pads = model(src[1:], lengths[1:], prev[1:])[0]
+    finally:
+        cls.cross_self_attention = ours
+    assert torch.equal(forced, plain)
+    assert torch.equal(model(src[1:], lengths[1:], prev[1:])[0], without_pads)
+
+
+def test_criterion_with_the_decoders_mask_equals_the_isfinite_search():
+    torch.manual_seed(0)
+    allowed = torch.rand(50) > 0.3
+    logits = torch.randn(20, 50).masked_fill(~allowed, float("-inf"))
+    lprobs = torch.log_softmax(logits, -1)
+    target = torch.randint(0, 50, (20,))
+    target[target.clone().apply_(lambda t: not allowed[t])] = int(allowed.nonzero()[0])
+    a = masked_label_smoothed_nll_loss(lprobs, target, 0.1, ignore_index=1)
+    b = masked_label_smoothed_nll_loss(lprobs, target, 0.1, ignore_index=1, allowed=allowed)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_bucket_bounds_and_batches():
+    lengths = np.array([3, 5, 5, 9, 12, 17, 20, 33, 40, 41])
+    bounds = bucket_bounds(lengths, 3)
+    assert bounds == [16, 24, 48]  # the 1/3, 2/3 and 1 quantiles 9, 20, 41 rounded up to multiples of 8
+    indices = np.argsort(lengths, kind="stable")
+    batches = bucket_batches(indices, lengths[indices], bounds, max_tokens=48, multiple=2)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(10))  # every sentence once
+    # bucket 16: 48 // 16 = 3 -> 2 a batch (5 members: 1 carried); bucket 24: 2 (1 carried); bucket 48: 1
+    assert [len(b) for b in batches] == [2, 2, 2, 1, 1, 1, 1]
+    for b in batches:
+        assert len(b) * max(bounds[np.searchsorted(bounds, lengths[b].max())], 1) <= 48
+
+
+def test_length_buckets_give_few_shapes_and_the_same_loss(tiny_data):
+    """An epoch of --length-buckets 4 has at most 5 shapes; a batch padded to its bucket has the loss
+    of the same batch padded as fairseq pads it."""
+    model, task = build(tiny_data / "bin", "transformer_postnorm", "--dropout", "0", "--attention-dropout", "0",
+                        "--activation-dropout", "0", "--word-dropout", "0", "--task", "translation_qk",
+                        "--length-buckets", "4")
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    assert isinstance(ds, LengthBucketDataset)
+    indices = ds.ordered_indices()
+    batches = ds.batch_by_size(indices, max_tokens=200, required_batch_size_multiple=8)
+    shapes = set()
+    for b in batches:
+        s = ds.collater([ds[int(i)] for i in b])
+        shapes.add((s["net_input"]["src_tokens"].shape, s["target"].shape))
+    assert len(shapes) <= 5 and len(batches) > 5
+    samples = [ds[int(i)] for i in batches[0]]
+    padded, plain = ds.collater(samples), ds.dataset.collater(samples)
+    assert padded["net_input"]["src_tokens"].size(1) > plain["net_input"]["src_tokens"].size(1) or \
+        padded["target"].size(1) > plain["target"].size(1)
+    model.eval()
+    crit = task.build_criterion(type("A", (), {"criterion": "masked_label_smoothed_cross_entropy",
+                                               "label_smoothing": 0.1, "sentence_avg": False,
+                                               "ignore_prefix_size": 0, "report_accuracy": False})())
+    with torch.no_grad():
+        loss_padded = crit(model, padded)[0]
+        loss_plain = crit(model, plain)[0]
+    assert torch.allclose(loss_padded, loss_plain, rtol=1e-5)
+
+
+def test_negative_length_buckets_is_an_error(tiny_data):
+    _, task = build(tiny_data / "bin", "transformer_postnorm", "--task", "translation_qk", "--length-buckets", "-1")
+    with pytest.raises(ValueError, match="--length-buckets -1 must be >= 0"):
+        task.load_dataset("train")
+
+
+def test_train_sh_precision_on_a_cpu(monkeypatch, tmp_path):
+    from qknorm_pipeline import train
+    from qknorm_pipeline.cli import UserError
+
+    monkeypatch.setenv("DATA_BIN", str(tmp_path))
+    monkeypatch.setattr(train, "has_gpu", lambda: False)
+    monkeypatch.setattr(train, "cpu_has_bf16", lambda: True)
+    run = train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
+    assert run.fairseq_args[-2:] == ["--cpu", "--bf16"] and run.where == "CPU (bf16)"
+    assert "--bf16" not in train.plan("gl-en", "qknorm", train.Options()).fairseq_args
+    monkeypatch.setattr(train, "cpu_has_bf16", lambda: False)
+    with pytest.raises(UserError, match="no native bf16 instructions .* drop --precision"):
+        train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
+    with pytest.raises(UserError, match="--precision fp16 needs a GPU"):
+        train.plan("gl-en", "qknorm", train.Options(precision="fp16"))
