@@ -30,22 +30,20 @@ def run(opts):
     def reference_lp(p):
         return lambda x: x / torch.linalg.vector_norm(x, ord=p, dim=-1, keepdim=True).clamp(min=1e-6)
 
-    # (name, function, reference name, input shape)
-    cases = [("LayerNorm", LayerNorm(d), None, (opts.tokens, d)),
-             ("ScaleNorm", ScaleNorm(d), "LayerNorm", (opts.tokens, d)),
-             ("RMSNorm", RMSNorm(d), "LayerNorm", (opts.tokens, d))]
+    # (name, function, reference name, input shape, dtype)
+    f32, bf16 = torch.float32, torch.bfloat16
+    cases = [("LayerNorm", LayerNorm(d), None, (opts.tokens, d), f32),
+             ("ScaleNorm", ScaleNorm(d), "LayerNorm", (opts.tokens, d), f32),
+             ("RMSNorm", RMSNorm(d), "LayerNorm", (opts.tokens, d), f32)]
     for p in opts.p:
-        cases += [(f"vector_norm p={p:g}", reference_lp(p), None, (opts.tokens, opts.heads, hd)),
+        cases += [(f"vector_norm p={p:g}", reference_lp(p), None, (opts.tokens, opts.heads, hd), f32),
                   (f"lp_normalize p={p:g}", lambda x, p=p: lp_normalize(x, p), f"vector_norm p={p:g}",
-                   (opts.tokens, opts.heads, hd))]
-    for dtype in (torch.float32, torch.bfloat16):
-        tag = str(dtype).replace("torch.", "").replace("float32", "fp32").replace("bfloat16", "bf16")
-        shape = (opts.tokens, 4 * d, tag)
-        cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, shape),
-                  (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"torch dropout {tag}", shape)]
-    dtypes = {"bf16": torch.bfloat16}
-    inputs = {shape: torch.randn(shape[:2] if isinstance(shape[-1], str) else shape).to(
-        dtypes.get(shape[-1], torch.float32)) for *_, shape in cases}
+                   (opts.tokens, opts.heads, hd), f32)]
+    for tag, dtype in (("fp32", f32), ("bf16", bf16)):
+        cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, (opts.tokens, 4 * d), dtype),
+                  (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"torch dropout {tag}", (opts.tokens, 4 * d),
+                   dtype)]
+    inputs = {(shape, dtype): torch.randn(shape).to(dtype) for *_, shape, dtype in cases}
     times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
 
     def call(fn, x, grad):
@@ -57,18 +55,18 @@ def run(opts):
                     y.sum().backward()
 
     for _ in range(opts.reps):
-        for name, fn, _, shape in cases:
+        for name, fn, _, shape, dtype in cases:
             for grad in (False, True):
-                call(fn, inputs[shape], grad)  # warm-up
+                call(fn, inputs[shape, dtype], grad)  # warm-up
                 t0 = time.process_time()
-                call(fn, inputs[shape], grad)
+                call(fn, inputs[shape, dtype], grad)
                 times[name, grad].append((time.process_time() - t0) / opts.iters * 1e6)
     lines = [f"# Kernel micro-benchmark (CPU, {torch.get_num_threads()} threads, {opts.reps} interleaved "
              f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
              f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}); "
              f"dropout on ({opts.tokens}, {4 * d}).", "",
              "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
-    for name, _, ref, _ in cases:
+    for name, _, ref, *_ in cases:
         row = [name]
         for grad in (False, True):
             med = statistics.median(times[name, grad])

@@ -14,6 +14,8 @@ during update K, counts:
   is_nonzero) on a tensor that would live on the device (not one made from a shape), and tensors
   made from Python data (lift_fresh: a host-to-device copy on a GPU); each site is listed with its
   Python caller;
+during update K - 1, with torch.profiler: the CPU time of its ATen ops and the share of the eight
+costliest (self time; op_ms, top_ops);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
 all tokens, source and target together). --plain runs fairseq's own Trainer (plain fairseq-train,
@@ -27,6 +29,8 @@ from collections import Counter
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..paths import shareable
 
 SYNCS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "equal", "is_nonzero")
 H2D = ("lift_fresh", "lift_fresh_copy")
@@ -62,7 +66,7 @@ def caller():
     """The innermost Python frame outside torch and this file."""
     for frame in reversed(traceback.extract_stack()[:-2]):
         if "/torch/" not in frame.filename and not frame.filename.endswith("step_profile.py"):
-            return f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
+            return f"{shareable(frame.filename).split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
     return "?"
 
 
@@ -93,10 +97,26 @@ def epoch_shapes(trainer):
     return len(batches), len(shapes), pad / total
 
 
+def time_shares(prof, top=8):
+    """The update's CPU time (ms) and the share of it each of its TOP ops took (self time)."""
+    ops = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in ops)
+    ops.sort(key=lambda e: -e.self_cpu_time_total)
+    return {"op_ms": round(total / 1e3, 1),
+            "top_ops": {e.key: round(e.self_cpu_time_total / total, 3) for e in ops[:top]}}
+
+
 def watch(trainer_cls, update, out):
     original = trainer_cls.train_step
 
+    timed = {}
+
     def train_step(self, samples, raise_oom=False):
+        if self.get_num_updates() + 2 == update:  # the update before: where its time goes, undisturbed
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                result = original(self, samples, raise_oom)
+            timed.update(time_shares(prof))
+            return result
         if self.get_num_updates() + 1 != update:
             return original(self, samples, raise_oom)
         counter = OpCounter()
@@ -116,7 +136,7 @@ def watch(trainer_cls, update, out):
         record = {"update": update, "ops": ops, "syncs": sum(s["kind"] == "sync" for s in counter.syncs),
                   "h2d": sum(s["kind"] == "h2d" for s in counter.syncs), "sync_sites": counter.syncs,
                   "batches_per_epoch": batches, "shapes_per_epoch": shapes, "padding": padding,
-                  "logging_update": update % self.cfg.common.log_interval == 0}
+                  "logging_update": update % self.cfg.common.log_interval == 0, **timed}
         with open(out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
         return result

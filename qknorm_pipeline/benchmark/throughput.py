@@ -72,6 +72,13 @@ def commands(opts, where, scratch):
     return out
 
 
+def recorded(cmd, scratch):
+    """CMD as a record keeps it: this Python as `python`, the repository's paths relative to it, the
+    temporary folder as $SCRATCH."""
+    words = ["python" if w == sys.executable else shareable(w).replace(scratch, "$SCRATCH") for w in cmd]
+    return shlex.join(words)
+
+
 def profile_one(cmd, env, scratch):
     """step_profile's record of one non-logging update of CMD (an entry-point command)."""
     out = os.path.join(scratch, "profile.json")
@@ -85,7 +92,7 @@ def profile_one(cmd, env, scratch):
         rec = json.load(f)
     os.remove(out)
     return {k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
-                                "padding")}
+                                "padding", "op_ms", "top_ops")}
 
 
 def time_one(cmd, env, warmup, updates):
@@ -145,7 +152,7 @@ def run(opts):
     date = datetime.now().astimezone().isoformat(timespec="seconds")
     records = [{"system": s, "updates_per_s": v, "rep": i + 1, "device": device, "precision": p,
                 "pair": opts.pair, "updates": opts.updates, "warmup": opts.warmup, "label": opts.label, "date": date,
-                "command": " ".join(shareable(w).replace(sys.executable, "python") for w in cmds[s, p][0]),
+                "command": recorded(cmds[s, p][0], scratch),
                 **profiles.get((s, p), {})}
                for (s, p), values in speeds.items() for i, v in enumerate(values)]
     old = json.load(open(out, encoding="utf-8")) if os.path.isfile(out) else []

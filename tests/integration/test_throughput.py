@@ -27,8 +27,13 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
         assert r["updates_per_s"] > 0 and r["device"].startswith(cpu_name()) and r["precision"] == "fp32"
         assert (r["label"], r["pair"], r["updates"], r["warmup"]) == ("test", "demo", 8, 2)
         assert r["ops"]["total"] == sum(r["ops"][k] for k in ("forward", "backward", "clip", "step", "other"))
-        assert 0 < r["shapes_per_epoch"] <= r["batches_per_epoch"] and 0 < r["padding"] < 1
     ours, fast, stock = recs
+    # the same data batched by fairseq for ours and stock, by length buckets for the fast row
+    epoch = ("batches_per_epoch", "shapes_per_epoch", "padding")
+    assert [ours[k] for k in epoch] == [stock[k] for k in epoch] != [fast[k] for k in epoch]
+    # a record names the temporary checkpoint folder $SCRATCH and this Python `python`
+    assert ours["command"].startswith("python -m ") and "--save-dir '$SCRATCH/ckpt/demo/postnorm'" in ours["command"]
+    assert "--save-dir '$SCRATCH/fairseq_transformer'" in stock["command"]
     assert "python -m qknorm_pipeline.fairseq_train" in ours["command"] and "--arch transformer_postnorm" in ours["command"]
     assert "--fast-dropout --length-buckets 3" in fast["command"] and "--fast-dropout" not in ours["command"]
     assert "--arch transformer " in stock["command"] and "--user-dir" not in stock["command"]
