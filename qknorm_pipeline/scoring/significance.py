@@ -37,7 +37,7 @@ Systems trained with a few seeds (the study's report; compare.sh with seeds):
 
 A bootstrap p has a floor, 1 / (n_samples + 1) (two-sided: twice that); a p at the floor is a
 bound, and ``format_p`` prints it as "≤ FLOOR (resampling floor)". A t test's p has no floor.
-scipy (the t distribution) comes with scikit-learn, a dependency of the package.
+scipy (the t distribution) is a dependency of the package (pyproject.toml).
 """
 import math
 
