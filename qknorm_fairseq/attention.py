@@ -20,17 +20,9 @@ from torch import Tensor, nn
 
 from .fast_dropout import fast_dropout, swap_dropouts
 
-ATTENTION_TYPES = ("softmax", "qknorm", "dnas", "hnas", "qknorm+dnas", "qknorm+hnas")
-
-
-def parse_attention_type(name):
-    """'qknorm+hnas' -> ('qknorm', 'hnas'); 'dnas' -> ('dot', 'dnas'); 'softmax' -> ('dot', 'softmax')."""
-    if name not in ATTENTION_TYPES:
-        raise ValueError(f"unknown attention type {name!r}; choose one of {', '.join(ATTENTION_TYPES)}")
-    parts = name.split("+")
-    scores = "qknorm" if parts[0] == "qknorm" else "dot"
-    weights = parts[-1] if parts[-1] in ("dnas", "hnas") else "softmax"
-    return scores, weights
+# --*-attention NAME -> (scores, weights)
+ATTENTIONS = {"softmax": ("dot", "softmax"), "qknorm": ("qknorm", "softmax"), "dnas": ("dot", "dnas"),
+              "hnas": ("dot", "hnas"), "qknorm+dnas": ("qknorm", "dnas"), "qknorm+hnas": ("qknorm", "hnas")}
 
 
 def lp_normalize(x, p, eps=1e-6):
@@ -75,11 +67,9 @@ class NormAttention(MultiheadAttention):
         self.fast_dropout = fast_dropout
         if fast_dropout:
             swap_dropouts(self)
-        self.scores, self.weights = parse_attention_type(attention_type)
+        self.scores, self.weights = ATTENTIONS[attention_type]
         self.attention_type = attention_type
         if self.scores == "qknorm":
-            if not qknorm_p >= 1:
-                raise ValueError(f"--qknorm-p must be >= 1 (||.||_p is not a norm for p < 1), got {qknorm_p}")
             self.p = float(qknorm_p)
             self.qk_scale = nn.Parameter(torch.tensor(float(qknorm_g0)))
         if self.weights in ("dnas", "hnas") and not self_attention:
@@ -205,6 +195,8 @@ class NormAttention(MultiheadAttention):
     _mask_cache = (None, None, None, None)
 
     def _additive_mask(self, key_padding_mask, attn_mask, dtype):
+        if torch.compiler.is_compiling():  # a compiled layer builds it inside its graph, fused
+            return self._build_additive_mask(key_padding_mask, attn_mask, dtype)
         kpm, am, dt, mask = NormAttention._mask_cache
         if kpm is key_padding_mask and am is attn_mask and dt == dtype:
             return mask

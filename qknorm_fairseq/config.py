@@ -1,14 +1,14 @@
 """The flags of `qknorm_transformer`, declared once (in the style of fairseq's TransformerConfig),
 and `fill`, the one helper through which the model and every preset set their defaults."""
-import argparse
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 
-from .attention import ATTENTION_TYPES
-from .norms import NORM_TYPES
-from .positions import POSITION_TABLES
+from .attention import ATTENTIONS
+from .norms import NORMS
+from .positions import POSITIONS
 from .smallinit import INIT_SCHEMES
 
 SITES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
@@ -21,7 +21,7 @@ ATTENTION_HELP = ("attention in {} (default: softmax). qknorm: l_p-normalised q 
 class QKNormConfig(FairseqDataclass):
     """Every default gives fairseq's own transformer."""
 
-    norm_type: ChoiceEnum(NORM_TYPES) = field(
+    norm_type: ChoiceEnum(list(NORMS)) = field(
         default="layernorm", metadata={"help": "normalisation in every sublayer and the final norms"})
     scalenorm_fixed_g: bool = field(
         default=False, metadata={"help": "ScaleNorm: keep g fixed at sqrt(d) except in the final decoder norm "
@@ -29,15 +29,15 @@ class QKNormConfig(FairseqDataclass):
     fixnorm: bool = field(
         default=False, metadata={"help": "FixNorm: l2-normalised tied embeddings, U(-0.01, 0.01) init (needs "
                                          "--share-all-embeddings)"})
-    init_scheme: ChoiceEnum(INIT_SCHEMES) = field(
+    init_scheme: ChoiceEnum(list(INIT_SCHEMES)) = field(
         default="fairseq", metadata={"help": "smallinit: attention N(0, sqrt(2/5d)), FFN N(0, sqrt(2/(d+d_ff))) "
                                              "(TwT 3.1); xavier_normal: attention N(0, sqrt(2/2d)), FFN as smallinit "
                                              "(TwT Table 2 baseline); fairseq: fairseq's Xavier uniform init"})
-    encoder_attention: ChoiceEnum(ATTENTION_TYPES) = field(
+    encoder_attention: ChoiceEnum(list(ATTENTIONS)) = field(
         default="softmax", metadata={"help": ATTENTION_HELP.format(SITES["encoder"])})
-    decoder_attention: ChoiceEnum(ATTENTION_TYPES) = field(
+    decoder_attention: ChoiceEnum(list(ATTENTIONS)) = field(
         default="softmax", metadata={"help": ATTENTION_HELP.format(SITES["decoder"])})
-    cross_attention: ChoiceEnum(ATTENTION_TYPES) = field(
+    cross_attention: ChoiceEnum(list(ATTENTIONS)) = field(
         default="softmax", metadata={"help": ATTENTION_HELP.format(SITES["cross"])})
     qknorm_p: float = field(default=2.0, metadata={"help": "p of the l_p norm in QKNorm, p >= 1"})
     qknorm_length: Optional[float] = field(
@@ -58,10 +58,13 @@ class QKNormConfig(FairseqDataclass):
         default=False, metadata={"help": "dropout masks from torch.rand instead of torch's bernoulli_ (about 3x "
                                          "faster on a CPU; the same distribution, another random stream; "
                                          "qknorm_fairseq/fast_dropout.py)"})
-    positions: ChoiceEnum(POSITION_TABLES) = field(
+    positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "
                                              "QKNorm code's (sin on every dimension; qknorm_fairseq/positions.py)"})
+
+    def _get_help(self, attribute_name):
+        return f"{super()._get_help(attribute_name)} (default: {self._get_default(attribute_name)})"
 
 
 FLAGS = [f for f in fields(QKNormConfig) if not f.name.startswith("_")]  # FairseqDataclass adds _name
@@ -69,18 +72,14 @@ DEFAULTS = {f.name: f.default for f in FLAGS}
 
 
 def add_args(parser):
-    """The flags of QKNormConfig as argparse options, with --no-FLAG for every boolean."""
+    """The flags of QKNormConfig as fairseq makes them, plus --no-FLAG for every boolean (a preset
+    sets some). No argparse defaults: a flag left out is unset, so that a preset can fill it."""
     group = parser.add_argument_group("qknorm-fairseq: normalisation, attention and the original code's details")
+    gen_parser_from_dataclass(group, QKNormConfig(), delete_default=True)
     for f in FLAGS:
-        kw = {"help": f"{f.metadata['help']} (default: {f.default})"}
-        choices = getattr(f.type, "__members__", None)
         if f.type is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif choices:
-            kw["choices"] = list(choices)
-        else:
-            kw["type"] = float
-        group.add_argument("--" + f.name.replace("_", "-"), **kw)
+            flag = f.name.replace("_", "-")
+            group.add_argument(f"--no-{flag}", dest=f.name, action="store_false", help=f"turn --{flag} off")
 
 
 def fill(args, **defaults):

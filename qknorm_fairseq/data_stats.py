@@ -41,7 +41,8 @@ def length_percentile(data_dir, src, tgt, percentile=97.5, split="train"):
 def g0_from_length(length):
     """QKNorm's initial scale g0 = log2(L^2 - L); needs L > 1."""
     if length <= 1:
-        raise ValueError(f"QKNorm's g0 = log2(L^2 - L) needs L > 1, got L = {length}")
+        raise ValueError(f"QKNorm's g0 = log2(L^2 - L) needs L > 1, got L = {length}: give --qknorm-length "
+                         "above 1 or --qknorm-g0")
     return math.log2(length * length - length)
 
 

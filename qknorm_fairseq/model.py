@@ -16,29 +16,35 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import nn
 
 from . import config, data_stats, distributed
-from .attention import NormAttention, parse_attention_type
+from .attention import ATTENTIONS, NormAttention
 from .fast_dropout import swap_dropouts
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
-from .norms import build_norm
-from .positions import build_positions
+from .norms import NORMS
+from .positions import POSITIONS, build_positions
 from .smallinit import init_layer
 
 logger = logging.getLogger(__name__)
 
 def check_args(args):
-    """Reject combinations that cannot work, with the reason."""
+    """Reject combinations that cannot work or flags that would do nothing, with the reason; returns
+    the attention sites that use QKNorm scores."""
     for site in ("decoder", "cross"):
         kind = getattr(args, f"{site}_attention")
-        if parse_attention_type(kind)[1] != "softmax":
+        if ATTENTIONS[kind][1] != "softmax":
             raise ValueError(
                 f"--{site}-attention {kind}: DNAS/HNAS normalise over queries, so in the decoder they would "
                 "let every position see future target tokens and could not run step by step in beam search; "
                 "use them in --encoder-attention only")
-    uses_qknorm = [s for s in ("encoder", "decoder", "cross") if getattr(args, f"{s}_attention").startswith("qknorm")]
+    uses_qknorm = [s for s in config.SITES if ATTENTIONS[getattr(args, f"{s}_attention")][0] == "qknorm"]
+    qknorm = "a QKNorm attention (--encoder/decoder/cross-attention qknorm...)"
+    # not --qknorm-length: the recipes give every system the paper's L (--paper-qknorm-length)
+    needs = {"scalenorm_fixed_g": (args.norm_type == "scalenorm", "--norm-type scalenorm"),
+             **{name: (uses_qknorm, qknorm) for name in ("qknorm_p", "qknorm_g0", "qknorm_percentile")}}
+    for name, (used, what) in needs.items():
+        if not used and getattr(args, name) != config.DEFAULTS[name]:
+            raise ValueError(f"--{name.replace('_', '-')} has no effect without {what}: drop it or use {what}")
     if uses_qknorm and not args.qknorm_p >= 1:
         raise ValueError(f"--qknorm-p {args.qknorm_p}: the l_p 'norm' is not a norm for p < 1; use p >= 1")
-    if args.qknorm_length is not None and args.qknorm_length <= 1:
-        raise ValueError(f"--qknorm-length {args.qknorm_length}: g0 = log2(L^2 - L) needs L > 1")
     if not 0 < args.qknorm_percentile <= 100:
         raise ValueError(f"--qknorm-percentile {args.qknorm_percentile} must be in (0, 100]")
     if not 0 <= args.word_dropout < 1:
@@ -106,13 +112,12 @@ def target_vocab(task):
 def _swap_norms(module, names, cfg, learnable=True):
     for name in names:
         old = getattr(module, name, None)
-        if old is not None and cfg.norm_type != "layernorm":
-            dim = old.normalized_shape[0]
-            setattr(module, name, build_norm(cfg.norm_type, dim, learnable_scale=learnable))
+        if old is not None and NORMS[cfg.norm_type] is not None:
+            setattr(module, name, NORMS[cfg.norm_type](old.normalized_shape[0], learnable))
 
 
 def _swap_positions(module, cfg, max_positions):
-    if cfg.positions != "fairseq" and module.embed_positions is not None:
+    if POSITIONS[cfg.positions] is not None and module.embed_positions is not None:
         if cfg.encoder.learned_pos or cfg.decoder.learned_pos:
             raise ValueError(f"--positions {cfg.positions} is a fixed table: drop --encoder/decoder-learned-pos")
         dim = module.embed_positions.embedding_dim
@@ -128,7 +133,7 @@ def _wrap(layer, cfg):
 
 def _attention(cfg, embed_dim, heads, kind, **kw):
     return NormAttention(embed_dim, heads, dropout=cfg.attention_dropout, attention_type=kind,
-                         qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0_value, fast_dropout=cfg.fast_dropout, **kw)
+                         qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0, fast_dropout=cfg.fast_dropout, **kw)
 
 
 def _swap_dropouts(module, cfg):
@@ -283,8 +288,8 @@ class QKTransformerModel(TransformerModel):
         config.fill(args, **config.DEFAULTS)  # also for checkpoints older than a flag
         uses_qknorm = check_args(args)
         distributed.check_ddp_backend(args)
-        g0 = resolve_qknorm_g0(args, task) if uses_qknorm else 1.0
-        args.qknorm_g0_value = distributed.same_on_all_ranks("QKNorm g0", g0)
+        if uses_qknorm:  # the initial g, resolved once for every layer (and saved with the checkpoint)
+            args.qknorm_g0 = distributed.same_on_all_ranks("QKNorm g0", resolve_qknorm_g0(args, task))
         model = super().build_model(args, task)
         if args.target_vocab_mask:
             allowed = target_vocab(task)

@@ -1,4 +1,4 @@
-"""Normalisation layers: LayerNorm, ScaleNorm and RMSNorm behind one builder.
+"""Normalisation layers: LayerNorm, ScaleNorm and RMSNorm, by name (`--norm-type`) in NORMS.
 
 ScaleNorm (Nguyen & Salazar 2019): g * x / max(||x||_2, eps) with one learned scalar g,
 initialised to sqrt(d). RMSNorm (Zhang & Sennrich 2019): x / rms(x) with per-unit gains.
@@ -7,9 +7,6 @@ import math
 
 import torch
 import torch.nn as nn
-from fairseq.modules import LayerNorm
-
-NORM_TYPES = ("layernorm", "scalenorm", "rmsnorm")
 
 
 class _ScaleNormFunction(torch.autograd.Function):
@@ -81,12 +78,9 @@ class RMSNorm(nn.Module):
         return _RMSNormFunction.apply(x.float(), self.weight.float(), self.eps).type_as(x)
 
 
-def build_norm(norm_type, dim, learnable_scale=True):
-    """The one place that maps --norm-type to a module."""
-    if norm_type == "layernorm":
-        return LayerNorm(dim)
-    if norm_type == "scalenorm":
-        return ScaleNorm(dim, learnable=learnable_scale)
-    if norm_type == "rmsnorm":
-        return RMSNorm(dim)
-    raise ValueError(f"unknown --norm-type {norm_type!r}; choose one of {', '.join(NORM_TYPES)}")
+# --norm-type NAME -> builder(dim, learnable_scale); None: fairseq's own LayerNorm, left in place
+NORMS = {
+    "layernorm": None,
+    "scalenorm": lambda dim, learnable_scale: ScaleNorm(dim, learnable=learnable_scale),
+    "rmsnorm": lambda dim, learnable_scale: RMSNorm(dim),
+}

@@ -15,7 +15,8 @@ padding_idx + 1 + n of the table here is the original's position n, row padding_
 import torch
 from fairseq.modules import SinusoidalPositionalEmbedding
 
-POSITION_TABLES = ("fairseq", "twt", "qknorm")
+# --positions NAME -> the function on odd dimensions of the original code's table; None: fairseq's own
+POSITIONS = {"fairseq": None, "twt": torch.cos, "qknorm": torch.sin}
 
 
 def original_table(length, dim, odd):
@@ -26,9 +27,9 @@ def original_table(length, dim, odd):
 
 
 class OriginalPositions(SinusoidalPositionalEmbedding):
-    def __init__(self, dim, padding_idx, kind, init_size):
+    def __init__(self, dim, padding_idx, odd, init_size):
         super().__init__(dim, padding_idx, init_size)
-        self.odd = {"twt": torch.cos, "qknorm": torch.sin}[kind]
+        self.odd = odd
         self.weights = self.table(init_size)
 
     def table(self, rows):
@@ -46,4 +47,4 @@ class OriginalPositions(SinusoidalPositionalEmbedding):
 
 def build_positions(kind, max_positions, dim, padding_idx):
     """The position embedding of `--positions KIND`, sized as fairseq sizes its own."""
-    return OriginalPositions(dim, padding_idx, kind, max_positions + padding_idx + 1)
+    return OriginalPositions(dim, padding_idx, POSITIONS[kind], max_positions + padding_idx + 1)

@@ -9,12 +9,12 @@ import math
 
 from torch import nn
 
-INIT_SCHEMES = ("fairseq", "smallinit", "xavier_normal")
-_ATTN_DENOM = {"smallinit": 5, "xavier_normal": 2}
+# --init-scheme NAME -> DENOM of the attention projections' std; None: fairseq's init, left as it is
+INIT_SCHEMES = {"fairseq": None, "smallinit": 5, "xavier_normal": 2}
 
 
 def attention_std(scheme, embed_dim):
-    return math.sqrt(2.0 / (_ATTN_DENOM[scheme] * embed_dim))
+    return math.sqrt(2.0 / (INIT_SCHEMES[scheme] * embed_dim))
 
 
 def init_attention(attn, std):
@@ -23,11 +23,6 @@ def init_attention(attn, std):
         nn.init.normal_(proj.weight, mean=0.0, std=std)
         if proj.bias is not None:
             nn.init.zeros_(proj.bias)
-
-
-def init_small(attn, embed_dim):
-    """SmallInit of one attention module: N(0, sqrt(2/(5d))), zero biases."""
-    init_attention(attn, attention_std("smallinit", embed_dim))
 
 
 def init_ffn(layer):
@@ -42,7 +37,7 @@ def init_layer(layer, attns, scheme):
     """Re-initialise a built encoder or decoder layer by `scheme` ("fairseq" keeps fairseq's init).
     Called once the layer is built, attentions first, then the FFN: a seed gives the same weights
     as it always has."""
-    if scheme not in _ATTN_DENOM:
+    if INIT_SCHEMES[scheme] is None:
         return
     for attn in attns:
         if attn is not None:

@@ -33,6 +33,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from . import lr_scheduler as val_decay_module
+from .compile import compile_layers
 from .length_buckets import LengthBucketDataset
 from .twt_search import TwTSequenceGenerator, gnmt_penalty
 
@@ -89,6 +90,11 @@ class TranslationQKConfig(TranslationConfig):
         metadata={"help": "batch the training split in N length buckets, each padded to one shape (at most N + 1 "
                           "batch shapes an epoch; qknorm_fairseq/length_buckets.py); 0: fairseq's batching"},
     )
+    compile: bool = field(
+        default=False,
+        metadata={"help": "train with each encoder and decoder layer compiled by torch.compile (validation and "
+                          "decoding stay eager; qknorm_fairseq/compile.py)"},
+    )
 
 
 @register_task("translation_qk", dataclass=TranslationQKConfig)
@@ -114,6 +120,12 @@ class TranslationQKTask(TranslationTask):
             extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {}, gnmt_alpha=self.cfg.gnmt_alpha)
         return super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                        extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.compile:
+            logger.info(f"--compile: {compile_layers(model)} layers compiled for training")
+        return model
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch, combine, **kwargs)

@@ -20,7 +20,7 @@ from . import processes, recipes
 from .cli import Parser, log, one_pair, prog
 from .cli import main as run_main
 from .data import demo
-from .data.common import staged_dir
+from .files import atomic_dir
 from .paths import folders
 
 TAG = "download"
@@ -35,7 +35,7 @@ def download(pair, source=None, force=False, where=None):
         return out
     if pair == "demo":
         lines = recipes.load("demo").data.expected_lines
-        with staged_dir(out) as tmp:
+        with atomic_dir(out) as tmp:
             demo.write(tmp, 1, lines.get("train") or 4000, lines.get("dev") or 300, lines.get("test") or 300)
     else:
         from .data.download import download as fetch_pair

@@ -3,7 +3,8 @@
 Each record is one JSON object on a line, optionally after a `... | INFO | valid |` prefix.
 Kinds: `train_inner` (every --log-interval updates: loss, lr, ups, num_updates), `valid` (each
 validation: valid_loss, valid_bleu, valid_best_bleu, valid_num_updates), `train` (end of epoch).
-Used by the plots, the precision check and the live progress display; imports no fairseq.
+Used by the plots, the precision check, the study records, the throughput benchmark and the live
+progress display; imports no fairseq.
 """
 import json
 import os

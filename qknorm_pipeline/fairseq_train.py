@@ -14,8 +14,8 @@
    host-device sync in an update that does not log, one flat fp32 master tensor under --bf16.
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
-hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU, the missing
-tensorboardX of a speech task); every other warning and every log record stays.
+hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU; the plugin's
+fairseq_quirks.py quiets fairseq's import); every other warning and every log record stays.
 """
 import logging
 import os
@@ -39,7 +39,6 @@ NOISE = (
 def silence_noise():
     for category, message in NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)
-    logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)  # "Please install tensorboardX"
 
 
 def _given(flag, argv):
@@ -95,12 +94,11 @@ def model_help(argv):
 def main(argv=None):
     silence_noise()
     # isort: off
-    from fairseq_cli import train  # first: it sets fairseq's log format before fairseq is imported
+    import qknorm_fairseq  # noqa: F401  (first: it imports fairseq quietly; --user-dir then finds it imported)
+    from fairseq_cli import train  # sets fairseq's log format: our import left the root logger as it was
     from fairseq import options
-    # isort: on
-
-    import qknorm_fairseq  # noqa: F401  (registered now; --user-dir then finds it imported)
     from qknorm_fairseq.trainer import FastTrainer
+    # isort: on
 
     train.Trainer = FastTrainer
 

@@ -1,11 +1,14 @@
 """Reading and writing the project's text files. Imports no fairseq.
 
-Lines are cut at "\\n" only (split_lines). Every file a tool writes appears complete or not at
-all: it is written under a temporary name beside its destination and renamed into place only
-when complete (atomic_path), so a later stage never mistakes a half-written file for a result.
+Lines are cut at "\\n" only (split_lines). Every file or folder a tool writes appears complete or
+not at all: it is written under a temporary name and renamed into place only when complete
+(atomic_path for a file, atomic_dir for a folder), so a later stage never mistakes a half-written
+result for a finished one.
 """
 import contextlib
 import os
+import shutil
+import tempfile
 
 
 def split_lines(text):
@@ -36,6 +39,25 @@ def atomic_path(path):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+@contextlib.contextmanager
+def atomic_dir(path, stage_in=None):
+    """Yields a fresh temporary folder in STAGE_IN (default: beside PATH, on the same file system);
+    it replaces the folder PATH when the block succeeds and is removed otherwise, so PATH is either
+    the old complete folder or the new one."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    stage_in = stage_in or os.path.dirname(os.path.abspath(path))
+    os.makedirs(stage_in, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp.", dir=stage_in)
+    try:
+        yield tmp
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
 
 
 def write_atomic(path, text):

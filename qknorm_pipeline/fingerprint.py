@@ -9,6 +9,8 @@ and the scorer's settings given after it), the versions of the packages that dec
 stores it beside a result and decodes again whenever it differs. Imports no fairseq.
 """
 import argparse
+import ast
+import glob
 import hashlib
 import os
 import sys
@@ -19,11 +21,38 @@ from .cli import main as run_main
 from .paths import ROOT
 
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
-# the modules a decoding or a score depends on: the plugin's model and search, and how the scorer
-# reads lines and scores them
-CODE = tuple(f"qknorm_fairseq/{m}.py" for m in ("model", "attention", "norms", "fixnorm", "smallinit", "architectures",
-                                                 "task", "twt_search", "checkpoint_compat")) + tuple(
-    f"qknorm_pipeline/{m}.py" for m in ("files", "scoring/bleu", "scoring/score"))
+# the packages whose every module a decoding or a score runs: the plugin and the scorer
+CODE_DIRS = ("qknorm_fairseq", "qknorm_pipeline/scoring")
+
+
+def _imported(path, root):
+    """The qknorm_pipeline modules that the module at PATH imports, as paths relative to ROOT."""
+    package = os.path.dirname(os.path.relpath(path, root)).split(os.sep)
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            name = base + (node.module.split(".") if node.module else [])
+            for alias in ([None] if node.module else []) + [a.name for a in node.names]:
+                target = os.path.join(*name, *([alias] if alias else []))
+                if target.startswith("qknorm_pipeline") and os.path.isfile(os.path.join(root, target + ".py")):
+                    yield target + ".py"
+
+
+def code_files(root=None):
+    """Every .py file of CODE_DIRS under ROOT (the repository), and every qknorm_pipeline module they
+    import, directly or not; sorted, relative to ROOT."""
+    root = root or ROOT
+    todo = [os.path.relpath(p, root) for d in CODE_DIRS
+            for p in glob.glob(os.path.join(root, d, "**", "*.py"), recursive=True)]
+    found = set()
+    while todo:
+        path = todo.pop()
+        if path not in found:
+            found.add(path)
+            todo.extend(_imported(os.path.join(root, path), root))
+    return sorted(found)
 
 
 def file_digest(path):
@@ -44,15 +73,16 @@ def versions():
     return out
 
 
-def parts(files, command):
-    """Everything the fingerprint covers, as a JSON-ready dict."""
+def parts(files, command, root=None):
+    """Everything the fingerprint covers, as a JSON-ready dict; ROOT: the repository (this one)."""
+    root = root or ROOT
     return {"files": [file_digest(p) for p in files], "command": list(command), "versions": versions(),
-            "code": {m: file_digest(os.path.join(ROOT, m)) for m in CODE}}
+            "code": {m: file_digest(os.path.join(root, m)) for m in code_files(root)}}
 
 
-def fingerprint(files, command):
+def fingerprint(files, command, root=None):
     h = hashlib.sha256()
-    p = parts(files, command)
+    p = parts(files, command, root)
     for key in ("files", "command"):
         for item in p[key]:
             h.update(item.encode("utf-8") + b"\0")

@@ -28,8 +28,6 @@ from .fairseq_log import LogError, parse_log
 from .files import write_atomic
 from .paths import folders, short
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-
 
 def curve(path):
     """{update: loss} of a fairseq JSON log's train_inner records."""
@@ -47,8 +45,9 @@ def compare(ref, other, tolerance):
             "finite": finite, "passed": bool(finite and max(rel) <= tolerance)}
 
 
-def report(log_dir, systems, settings, out, precisions=("bf16", "fp16"), tolerance=0.05):
+def report(log_dir, systems, settings, out, precisions=None, tolerance=0.05):
     """PREFIX.md / .json comparing every precision's loss curve with fp32's; True when all passed."""
+    precisions = precisions or [p for p in recipes.PRECISIONS if p != "fp32"]
     rows, errors = {}, []
     for system in systems:
         try:
@@ -81,7 +80,9 @@ def report(log_dir, systems, settings, out, precisions=("bf16", "fp16"), toleran
 
 
 def train_one(pair, system, precision, updates, warmup, where):
-    """One short run of SYSTEM in PRECISION, its output in LOG_DIR/PAIR/SYSTEM_PRECISION.out."""
+    """One short run of SYSTEM in PRECISION, its output in LOG_DIR/PAIR/SYSTEM_PRECISION.out: the
+    train step (its fairseq-train command comes from the recipe) in a child process, so that
+    --jobs runs share the GPU."""
     import shutil
 
     name = f"{system}_{precision}"
@@ -119,11 +120,11 @@ def run(a):
         if not torch.cuda.is_available():
             raise UserError("the precision check needs a CUDA GPU (bf16/fp16 training); torch sees none")
         os.makedirs(os.path.join(where.logs, a.pair), exist_ok=True)
-        log("precision_check", f"{a.pair}: {len(systems)} systems x fp32 bf16 fp16, {a.updates} updates each, "
+        log("precision_check", f"{a.pair}: {len(systems)} systems x {' '.join(recipes.PRECISIONS)}, {a.updates} updates each, "
                                f"{a.jobs} at a time")
         with ThreadPoolExecutor(a.jobs) as pool:
             list(pool.map(lambda sp: train_one(a.pair, *sp, a.updates, a.warmup, where),
-                          [(s, p) for s in systems for p in PRECISIONS]))
+                          [(s, p) for s in systems for p in recipes.PRECISIONS]))
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     settings = (f"{a.pair} recipe (configs/{a.pair}.yaml), {a.updates} updates, warmup shortened to {a.warmup} updates, "
                 f"seed 1, no validation; {gpu}, torch {torch.__version__}; {a.jobs} runs sharing the GPU. Command: "

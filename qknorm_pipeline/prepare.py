@@ -31,11 +31,11 @@ import sys
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, one_pair, prog
 from .cli import main as run_main
-from .data.common import staged_dir
+from .data.common import FAIRSEQ_SPLIT
+from .files import atomic_dir
 from .paths import folders
 
 TAG = "prepare"
-SPLITS = ("train", "valid", "test")
 
 
 def settings(pair, src_dir, tokenized, bpe, merges, max_len):
@@ -87,7 +87,7 @@ def fastbpe(tok, out, src, tgt, merges, work_log):
     with open(f"{out}/codes", "w", encoding="utf-8") as f:
         f.write("".join(c + "\n" for c in codes))
     log(TAG, f"{len(codes)} merges learned")
-    for split in SPLITS:
+    for split in FAIRSEQ_SPLIT.values():
         for lang in (src, tgt):
             processes.run_logged([fast, "applybpe", f"{out}/{split}.{lang}", f"{tok}/{split}.{lang}", f"{out}/codes"],
                                  work_log, f"fastBPE applybpe on {tok}/{split}.{lang}")
@@ -140,7 +140,7 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
         log(TAG, f"BPE up to date: {bpe_dir}")
     else:
         shutil.rmtree(out, ignore_errors=True)
-        with staged_dir(bpe_dir) as tmp:
+        with atomic_dir(bpe_dir) as tmp:
             if bpe == "fastbpe":
                 fastbpe(tok, tmp, src, tgt, merges, os.path.join(work, "applybpe.log"))
             else:
@@ -152,7 +152,7 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
     if up_to_date(out, key_bpe):
         log(TAG, f"binarized data up to date: {out}")
         return out
-    with staged_dir(out) as tmp:
+    with atomic_dir(out) as tmp:
         log(TAG, "binarizing with fairseq-preprocess --joined-dictionary")
         workers = min(os.cpu_count() or 1, 8)
         processes.run_logged(

@@ -12,7 +12,7 @@ import sys
 
 from . import progress
 from .cli import UsageError, UserError
-from .files import write_atomic
+from .files import atomic_path, write_atomic
 from .paths import short
 
 
@@ -58,9 +58,10 @@ def _refused_flag(log_path, program):
     return UsageError(f"{program}: {message} (full output: {short(log_path)})")
 
 
-def train(label, log_path, max_update, cmd, env=None, python_warnings="show"):
-    """A training command's whole output appended to LOG_PATH after a `# DATE COMMAND` line (one per
-    start: the wall-time segments of study.py), shown through the progress display."""
+def run_training(label, log_path, max_update, cmd, env=None, python_warnings="show"):
+    """Run a training command with its whole output appended to LOG_PATH after a `# DATE COMMAND`
+    line (one per start: the wall-time segments of study/records.py), shown through the progress
+    display."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open(log_path, "a", encoding="utf-8") as f:
@@ -68,8 +69,7 @@ def train(label, log_path, max_update, cmd, env=None, python_warnings="show"):
     old = _children_keep_ctrl_c()
     try:
         proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-        progress.train(progress.options("train", log_path, label, "train", max_update=max_update,
-                                        python_warnings=python_warnings), proc.stdout)
+        progress.follow_training(proc.stdout, log_path, label, max_update=max_update, python_warnings=python_warnings)
         rc = proc.wait()
     finally:
         signal.signal(signal.SIGINT, old)
@@ -83,25 +83,20 @@ def train(label, log_path, max_update, cmd, env=None, python_warnings="show"):
 def decode(label, cmd, out_path, log_path, total, env=None):
     """fairseq-generate's standard output into OUT_PATH (written whole or not at all), its log into
     LOG_PATH, the progress counted from its S- lines."""
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    tmp = f"{out_path}.tmp.{os.getpid()}"
     old = _children_keep_ctrl_c()
     try:
-        with open(log_path, "wb") as err:
+        with atomic_path(out_path) as tmp, open(log_path, "wb") as err:
             proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE,
                                     stderr=None if verbose() else err, env=env)
-            progress.decode(progress.options("decode", tmp, label, "evaluate", total=total), proc.stdout)
+            progress.follow_decoding(proc.stdout, tmp, label, total)
             rc = proc.wait()
+            if rc == 2:
+                raise _refused_flag(log_path, "fairseq-generate")
+            if rc:
+                tail(log_path)
+                raise UserError(f"fairseq-generate failed (exit {rc}); full log: {short(log_path)}")
     finally:
         signal.signal(signal.SIGINT, old)
-    if rc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if rc == 2:
-            raise _refused_flag(log_path, "fairseq-generate")
-        tail(log_path)
-        raise UserError(f"fairseq-generate failed (exit {rc}); full log: {short(log_path)}")
-    os.replace(tmp, out_path)
 
 
 # --- done marks -------------------------------------------------------------------------------

@@ -1,34 +1,27 @@
 """Live progress of a training or decoding run, read from the output fairseq already writes.
 
-    python -m qknorm_pipeline.fairseq_train ... 2>&1 | python -m qknorm_pipeline.progress train --log FILE
-        [--max-update N] [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
-    fairseq-generate ... 2>>LOG | python -m qknorm_pipeline.progress decode --log FILE --total N
-        [--label NAME] [--tag TAG] [--every SECONDS] [--verbose]
-The steps call `train` and `decode` in-process on their child's output (qknorm_pipeline/processes.py).
-
-Every input line is appended to --log unchanged, so the whole fairseq log stays on disk. Training
-progress comes from fairseq's JSON records (`--log-format json`: `train_inner` every
---log-interval updates, `valid` at each validation); decoding progress counts fairseq-generate's
-`S-` lines (one per sentence). On a terminal a tqdm bar is redrawn on stderr; otherwise (CI, nohup,
-`| tee`) plain lines are printed: for training one per validation and at least every --every
-seconds, for decoding every --every seconds. QKNORM_PROGRESS=bar or =lines forces either.
---verbose (or VERBOSE=1) echoes every line instead. Warnings and errors of the run (`| WARNING |`,
-`| ERROR |`, Python warnings) are always shown, except that `--python-warnings count` (for a
-program we do not control, like plain fairseq-train) shows one line counting its Python warnings
-instead, at its first record, or at the end if it stops before one. One summary line at the end.
+qknorm_pipeline/processes.py runs the child and hands its output to follow_training or
+follow_decoding. Every line is appended to the log unchanged, so the whole fairseq log stays on
+disk. Training progress comes from fairseq's JSON records (`--log-format json`: `train_inner`
+every --log-interval updates, `valid` at each validation); decoding progress counts
+fairseq-generate's `S-` lines (one per sentence). On a terminal a tqdm bar is redrawn on stderr;
+otherwise (CI, nohup, `| tee`) plain lines are printed: for training one per validation and at
+least every EVERY seconds, for decoding every EVERY seconds. QKNORM_PROGRESS=bar or =lines forces
+either; VERBOSE=1 echoes every line instead. Warnings and errors of the run (`| WARNING |`,
+`| ERROR |`, Python warnings) are always shown, except that python_warnings="count" (for a program
+we do not control, like plain fairseq-train) shows one line counting its Python warnings instead,
+at its first record, or at the end if it stops before one. One summary line at the end.
 """
-import argparse
 import os
 import re
-import signal
 import sys
 import time
+from types import SimpleNamespace
 
-from .cli import Parser
-from .cli import main as run_main
 from .fairseq_log import parse_line
 from .paths import shareable
 
+EVERY = 300.0  # seconds between plain progress lines at most, without a terminal
 RESUMED = re.compile(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
 PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 SHOWN = re.compile(r"\| (WARNING|ERROR|CRITICAL) \||^Traceback|^\w*Error: |" + PY_WARNING.pattern)
@@ -175,8 +168,10 @@ def mode(args):
     return "bar" if sys.stderr.isatty() else "lines"
 
 
-def train(args, stream):
-    """The progress of a training whose output (fairseq's JSON log records) STREAM carries."""
+def follow_training(stream, log, label, max_update=0, tag="train", python_warnings="show", every=EVERY):
+    """Append STREAM, a training's output (binary lines: fairseq's JSON log records), to LOG and
+    show its progress."""
+    args = _settings(log, label, tag, every, max_update=max_update, python_warnings=python_warnings)
     state, how = Training(args.max_update), mode(args)
     bar = _bar(args.max_update, args.label, "updates", "{desc}") if how == "bar" else None
     last = [time.monotonic()]
@@ -196,11 +191,12 @@ def train(args, stream):
     follow_with_bar(args, stream, bar, on_line)
     if state.update:  # nothing to sum up when fairseq stopped before its first update (see its log)
         print(stamp(args.tag, state.summary(args.label)), file=sys.stderr, flush=True)
-    return 0
 
 
-def decode(args, stream):
-    """The progress of a fairseq-generate run whose standard output STREAM carries."""
+def follow_decoding(stream, log, label, total, tag="evaluate", every=EVERY):
+    """Append STREAM, fairseq-generate's standard output (binary lines), to LOG and show the
+    progress over its TOTAL sentences."""
+    args = _settings(log, label, tag, every, total=total, python_warnings="show")
     how, t0 = mode(args), time.monotonic()
     bar = _bar(args.total, args.label, "sentences", "{rate_fmt}  ETA {remaining}") if how == "bar" else None
     done, last = [0], [t0]
@@ -221,50 +217,11 @@ def decode(args, stream):
     took = time.monotonic() - t0
     print(stamp(args.tag, f"{args.label}: decoded {done[0]}/{args.total} sentences in {clock(took)} "
                           f"({done[0] / max(took, 1e-9):.1f} sentences/s)"), file=sys.stderr, flush=True)
-    return 0
 
 
-def options(cmd, log, label, tag, max_update=0, total=0, python_warnings="show"):
-    """The settings of train() and decode() for an in-process call, as the command line makes them."""
-    return argparse.Namespace(cmd=cmd, log=log, label=label, tag=tag, every=EVERY, verbose=verbose_env(),
-                              max_update=max_update, total=total, python_warnings=python_warnings)
+def _settings(log, label, tag, every, **fields):
+    return SimpleNamespace(log=log, label=label, tag=tag, every=every, verbose=verbose_env(), **fields)
 
 
 def verbose_env():
     return os.environ.get("VERBOSE", "0") not in ("", "0")
-
-
-EVERY = 300.0
-
-
-def parser():
-    ap = Parser(prog="python -m qknorm_pipeline.progress", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    for name, text in (("train", "training progress from fairseq's JSON log records"),
-                       ("decode", "decoding progress from fairseq-generate's S- lines")):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--log", required=True, help="file every input line is appended to")
-        p.add_argument("--label", default=name, help="what the lines name, e.g. PAIR/SYSTEM")
-        p.add_argument("--tag", default=name, help="the [TAG HH:MM:SS] prefix of the lines (default: %(default)s)")
-        p.add_argument("--every", type=float, default=EVERY,
-                       help="without a terminal: at most this many seconds between lines (default: %(default)s)")
-        p.add_argument("--verbose", action="store_true", default=verbose_env(),
-                       help="echo every line instead of the progress display (default: VERBOSE=1)")
-        if name == "train":
-            p.add_argument("--max-update", type=int, default=0, help="the run's --max-update (0: unknown)")
-            p.add_argument("--python-warnings", choices=("show", "count"), default="show",
-                           help="show every Python warning line of the run, or one line counting them "
-                                "(for a program we do not control; default: %(default)s)")
-        else:
-            p.add_argument("--total", type=int, required=True, help="sentences to decode")
-            p.set_defaults(python_warnings="show")
-    return ap
-
-
-def main(argv=None):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the run; keep its last words in the log
-    return run_main(lambda a: (train if a.cmd == "train" else decode)(a, sys.stdin.buffer), parser(), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

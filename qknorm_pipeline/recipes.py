@@ -12,6 +12,8 @@ the base recipe with model size and epoch length from its training-set size (siz
     python -m qknorm_pipeline.recipes systems PAIR        # the systems a config defines
     python -m qknorm_pipeline.recipes schedules PAIR      # its learning-rate schedules (TwT Table 4)
 PAIR's prepared data is looked up in --data-bin, else $DATA_BIN/PAIR (default data-bin/PAIR).
+
+Every fairseq-train command line is built here: ours (train_args) and stock fairseq's (stock_args).
 """
 import dataclasses
 import enum
@@ -24,10 +26,14 @@ from typing import Any, Dict, List, Optional
 
 from .cli import Parser, UsageError
 from .cli import main as run_main
-from .data.stats import REMOVE_BPE, read_stats
 from .paths import CONFIG_DIR, USER_DIR, folders, short
 
 BASE = "base"
+PRECISIONS = ("fp32", "bf16", "fp16")  # train.sh --precision; the plugin's --decode-precision has the same
+STOCK_ARCH = "transformer"             # stock fairseq's own architecture (plain fairseq-train, no --user-dir)
+STOCK = "fairseq_transformer"          # the name of its runs in the benchmarks and the studies
+# fairseq's --remove-bpe / --eval-bleu-remove-bpe value that undoes each segmentation
+REMOVE_BPE = {"fastbpe": "@@ ", "sentencepiece": "sentencepiece"}
 
 
 class RecipeError(UsageError):
@@ -42,6 +48,22 @@ class Bpe(enum.Enum):
 class Scheduler(enum.Enum):
     val_decay = "val_decay"
     inverse_sqrt = "inverse_sqrt"
+
+
+class LengthNorm(enum.Enum):  # the plugin's --length-norm
+    fairseq = "fairseq"
+    gnmt = "gnmt"
+
+
+class BeamSearch(enum.Enum):  # the plugin's --beam-search
+    fairseq = "fairseq"
+    twt = "twt"
+
+
+class Positions(enum.Enum):  # the plugin's --positions
+    fairseq = "fairseq"
+    twt = "twt"
+    qknorm = "qknorm"
 
 
 @dataclass
@@ -68,7 +90,7 @@ class Model:
     encoder_layers: int = 6
     decoder_layers: int = 6
     heads: int = 8
-    dropout: float = 0.3
+    dropout: float = 0.3                    # on sublayer outputs, attention weights and ReLU alike
     qknorm_length: Optional[float] = None   # the papers' L, used with --paper-qknorm-length
 
 
@@ -109,19 +131,27 @@ class Stopping:
 @dataclass
 class Decode:
     beam: int = 4
-    length_norm: str = "gnmt"
+    length_norm: LengthNorm = LengthNorm.gnmt
     gnmt_alpha: float = 0.6
     max_len_a: float = 1
     max_len_b: int = 50
-    beam_search: str = "twt"
+    beam_search: BeamSearch = BeamSearch.twt
 
 
 @dataclass
 class System:
     arch: str = "???"
     stopping: str = "???"
-    qknorm: bool = False                    # uses QKNorm (--paper-qknorm-length applies)
-    flags: Dict[str, Any] = field(default_factory=dict)  # fairseq flags of this system, name: value
+    positions: Optional[Positions] = None   # --positions; None: the preset's
+
+
+@dataclass
+class Stock:
+    """Stock fairseq's recipe: plain fairseq-train of STOCK_ARCH, the reference row of studies and benchmarks."""
+
+    flags: Dict[str, Any] = field(default_factory=dict)  # every stock run
+    iwslt: Dict[str, Any] = field(default_factory=dict)  # fairseq's IWSLT recipe
+    warmup_updates: int = 4000              # the IWSLT recipe's; a study sets its own
 
 
 @dataclass
@@ -147,6 +177,7 @@ class Recipe:
     decode: Decode = field(default_factory=Decode)
     systems: Dict[str, System] = field(default_factory=dict)
     cpu: Cpu = field(default_factory=Cpu)
+    stock: Stock = field(default_factory=Stock)
 
 
 # size_from_data: the papers' pairs are the reference points (TwT Table 1). gl->en (10k training
@@ -175,6 +206,15 @@ def available_pairs():
 
 def default_data_bin(pair):
     return os.path.join(folders().data_bin, pair)
+
+
+def read_stats(data_bin):
+    """DATA_BIN/stats.json (prepare.sh's, data/stats.py) as a dict, or None when the pair is not prepared."""
+    path = os.path.join(data_bin, "stats.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _read(path):
@@ -280,10 +320,10 @@ def schedule(cfg, name):
     return name, cfg.schedules[name]
 
 
-def schedule_peak(cfg, s):
-    """The peak LR of schedule S at the recipe's model size."""
+def schedule_peak(cfg, s, dim=None):
+    """The peak LR of schedule S at the recipe's model size, or at model size DIM."""
     if s.lr_scale is not None:  # TwT: lambda * d^-0.5 * warmup^-0.5
-        return peak_lr(s.lr_scale, cfg.model.embed_dim, s.warmup_updates)
+        return peak_lr(s.lr_scale, dim or cfg.model.embed_dim, s.warmup_updates)
     if s.lr is None:
         raise RecipeError(f"a schedule of {cfg.pair!r} gives neither lr nor lr_scale")
     return s.lr
@@ -320,6 +360,11 @@ def flag(key, value):
     return [name, str(value)]
 
 
+def flag_args(flags):
+    """The fairseq flags of a {key: value} dict, in its order."""
+    return [a for key, value in flags.items() for a in flag(key, value)]
+
+
 def size_args(embed_dim, ffn_dim, encoder_layers, decoder_layers, heads):
     """fairseq-train's model-size flags, the same for every architecture, ours and stock."""
     d, ffn, enc, dec, h = (str(x) for x in (embed_dim, ffn_dim, encoder_layers, decoder_layers, heads))
@@ -338,11 +383,8 @@ def train_args(cfg, system_name, schedule_name=None, paper_qknorm_length=False, 
     args += size_args(model.embed_dim, model.ffn_dim, model.encoder_layers, model.decoder_layers, model.heads)
     args += ["--dropout", str(model.dropout), "--attention-dropout", str(model.dropout),
              "--activation-dropout", str(model.dropout)]
-    for key, value in s.flags.items():
-        args += flag(key, value)
+    args += ["--positions", s.positions.value] if s.positions else []
     if paper_qknorm_length:
-        if not s.qknorm:
-            raise RecipeError(f"--paper-qknorm-length: system {system_name!r} does not use QKNorm")
         if model.qknorm_length is None:
             raise RecipeError(f"config {cfg.pair!r} has no model.qknorm_length (the papers give none for it): "
                               "drop --paper-qknorm-length to compute L from the training data")
@@ -355,17 +397,36 @@ def train_args(cfg, system_name, schedule_name=None, paper_qknorm_length=False, 
     args += schedule_args(cfg, schedule_name or rule.schedule, rule.stop_lr)
     # the original code's "epoch": validate, decay and save every `epoch` updates (task.py)
     epoch = train.epoch_updates
-    args += ["--validate-interval-updates", str(epoch), "--save-interval-updates", str(epoch),
-             "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
+    args += ["--validate-interval-updates", str(epoch), "--save-interval-updates", str(epoch), *KEEP_LAST,
              "--max-update", str(epoch * train.max_epochs), "--patience", str(rule.patience)]
     gen = {"beam": decode.beam, "max_len_a": _number(decode.max_len_a), "max_len_b": decode.max_len_b}
-    args += ["--eval-bleu", "--eval-bleu-args", json.dumps(gen), "--eval-bleu-remove-bpe", remove_bpe(cfg, data_bin),
-             "--eval-tokenized-bleu", "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-             *decode_args(decode)]
-    args += ["--log-format", "json", "--log-interval", str(train.log_interval)]
+    args += [*dev_bleu_args(remove_bpe(cfg, data_bin), gen), *decode_args(decode), *log_args(train.log_interval)]
     if save_dir:
         args += ["--save-dir", save_dir]
     return args
+
+
+def stock_args(cfg, flags, data_bin, save_dir, seed, extra=()):
+    """fairseq-train's arguments for stock fairseq's STOCK_ARCH (no --user-dir) on CFG's pair: FLAGS
+    (cfg.stock's, as the caller merged them), EXTRA (model size, budget, precision), then the seed and
+    the dev BLEU, checkpoint and log settings of ours."""
+    return [data_bin, "--source-lang", cfg.src, "--target-lang", cfg.tgt, *flag_args({"arch": STOCK_ARCH, **flags}),
+            *extra, "--seed", str(seed), *KEEP_LAST, *dev_bleu_args(remove_bpe(cfg, data_bin)),
+            *log_args(cfg.train.log_interval), "--save-dir", save_dir]
+
+
+# validation and checkpoints come every --validate-interval-updates; only the last and the best are kept
+KEEP_LAST = ["--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints"]
+
+
+def dev_bleu_args(remove, gen=None):
+    """fairseq's dev BLEU (tokenized, segmentation undone by REMOVE; GEN: the decoding) picking checkpoint_best.pt."""
+    return ["--eval-bleu", *(["--eval-bleu-args", json.dumps(gen)] if gen else []), "--eval-bleu-remove-bpe", remove,
+            "--eval-tokenized-bleu", "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+
+
+def log_args(interval):
+    return ["--log-format", "json", "--log-interval", str(interval)]
 
 
 def _number(x):
@@ -375,7 +436,8 @@ def _number(x):
 
 def decode_args(dec):
     """The translation_qk task's decoding flags, for test decoding and dev BLEU alike."""
-    return ["--length-norm", dec.length_norm, "--gnmt-alpha", str(dec.gnmt_alpha), "--beam-search", dec.beam_search]
+    return ["--length-norm", dec.length_norm.value, "--gnmt-alpha", str(dec.gnmt_alpha),
+            "--beam-search", dec.beam_search.value]
 
 
 def generate_args(cfg, data_bin=None):

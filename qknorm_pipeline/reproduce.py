@@ -143,7 +143,7 @@ def parser():
                         "the table gives mean ± sd over seeds, every seed's score and a significance test over "
                         "seeds and sentences (docs/training.md)")
     p.add_argument("--gpus", type=int, help="go to scripts/train.sh: N GPU processes, the papers' update size kept")
-    p.add_argument("--precision", help="goes to scripts/train.sh: fp32, fp16 or bf16 (GPU)")
+    p.add_argument("--precision", help=f"goes to scripts/train.sh: {', '.join(recipes.PRECISIONS)}")
     p.add_argument("--verbose", action="store_true", help="every tool's whole output instead of one line per "
                                                           "stage (= VERBOSE=1)")
     p.add_argument("extra", nargs="*", default=[], help="after --: extra fairseq-train flags for every run")
@@ -156,8 +156,8 @@ def run(a):
     if a.verbose:
         os.environ["VERBOSE"] = "1"
     opts = {k: v for k, v in (("gpus", a.gpus), ("precision", a.precision)) if v is not None}
-    if opts.get("precision") and opts["precision"] not in train_step.PRECISIONS:
-        raise UsageError(f"--precision must be fp32, fp16 or bf16, got {opts['precision']!r}")
+    if opts.get("precision"):
+        train_step.check_precision(opts["precision"])
     reproduce(one_pair(a, default="demo"), a.systems.split() if a.systems else None, a.seeds, opts, a.extra)
 
 

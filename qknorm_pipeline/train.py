@@ -3,10 +3,10 @@
 usage: bash scripts/train.sh [options] PAIR SYSTEM [extra fairseq-train flags...]
        (python -m qknorm_pipeline.train takes the same arguments)
 
-  PAIR     a configs/PAIR.yaml (gl-en sk-en en-vi en-he ar-en demo), or a pair prepared with
+  PAIR     a configs/PAIR.yaml ({pairs}), or a pair prepared with
            scripts/prepare.sh --src-dir (the base recipe, sized from its training set)
   SYSTEM   one of the config's systems (each a preset of qknorm_fairseq/architectures.py):
-           postnorm prenorm fixnorm scalenorm rmsnorm qknorm lpqknorm dnas hnas
+           {systems}
 Extra flags go to fairseq-train unchanged and win over the recipe, e.g. --max-update 200 for a
 short run.
 
@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
+from .names import run_name
 from .paths import cpu_has_bf16, folders, short
 
 TAG = "train"
-PRECISIONS = ("fp32", "fp16", "bf16")
+ENTRY = "qknorm_pipeline.fairseq_train"  # fairseq-train with --bf16 usable on a CPU (see its docstring)
 
 
 @dataclass
@@ -67,14 +68,6 @@ class Run:
     where: str
     env: dict
     split: str = ""      # how an update's tokens are split over GPU processes
-
-
-def run_name(system, opts):
-    """SYSTEM, SYSTEM_SCHEDULE with --schedule, then _seedK for a seed other than 1; or --name."""
-    if opts.name:
-        return opts.name
-    return system + (f"_{opts.schedule}" if opts.schedule else "") + (
-        f"_seed{opts.seed}" if opts.seed not in (None, 1) else "")
 
 
 _GPU = {}
@@ -136,7 +129,7 @@ def plan(pair, system, opts, where=None, recipe=None):
     """The Run of PAIR SYSTEM with OPTS: the command, its folders and environment. RECIPE: a recipe
     of PAIR to use instead of its configs (a study's)."""
     where = where or folders()
-    name = run_name(system, opts)
+    name = opts.name or run_name(system, opts.seed, opts.schedule)
     data_bin = os.path.join(where.data_bin, pair)
     cfg = recipe or recipes.load(pair, data_bin, announce=True)
     recipes.system(cfg, system)
@@ -158,8 +151,27 @@ def plan(pair, system, opts, where=None, recipe=None):
         device = f"CPU ({opts.precision})"
         env = recipes.cpu_env(cfg)
     args += opts.extra
-    # qknorm_pipeline.fairseq_train is fairseq-train with --bf16 usable on a GPU (see its docstring)
-    cmd = [*launcher, "qknorm_pipeline.fairseq_train", *args]
+    return _run(pair, system, name, [*launcher, ENTRY, *args], args, save_dir, where, device, env, split)
+
+
+def plan_stock(pair, system, name, args, precision, where):
+    """The Run of a stock fairseq row SYSTEM named NAME: ARGS from recipes.stock_args, whose --save-dir
+    ends in PAIR/NAME, plain fairseq-train without --user-dir."""
+    gpu = has_gpu()
+    args = args + ([] if gpu else ["--cpu"])
+    # torch >= 2.6 loads with weights_only=True, which refuses fairseq 0.12's checkpoints (they pickle
+    # an argparse.Namespace), so plain fairseq-train could not resume; our runs get an allow-list
+    # from the plugin (qknorm_fairseq/checkpoint_compat.py), which this row must not load. It only
+    # ever loads the checkpoints it wrote itself, in its own save dir.
+    env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    # fairseq-train itself cannot train in bf16 without TPUs (qknorm_pipeline/fairseq_train.py, fix 1):
+    # a bf16 stock row is started as ours are, with no --user-dir
+    launcher = ["fairseq-train"] if precision == "fp32" else [sys.executable, "-m", ENTRY]
+    return _run(pair, system, name, [*launcher, *args], args, last_value(args, "--save-dir"), where,
+                f"{'GPU' if gpu else 'CPU'} ({precision})", env)
+
+
+def _run(pair, system, name, cmd, args, save_dir, where, device, env, split=""):
     return Run(pair, system, name, cmd, args, save_dir, os.path.join(where.logs, pair, name, "train.log"),
                int(last_value(args, "--max-update")), device, env, split)
 
@@ -199,14 +211,13 @@ def train(run, python_warnings="show"):
     os.makedirs(run.save_dir, exist_ok=True)
     log(TAG, f"training {run.pair}/{run.name} ({run.system}) on {run.where}; log {short(run.log)}, "
              f"checkpoints {short(run.save_dir)}/")
-    processes.train(f"{run.pair}/{run.name}", run.log, run.max_update, run.cmd, env=run.env,
-                    python_warnings=python_warnings)
+    processes.run_training(f"{run.pair}/{run.name}", run.log, run.max_update, run.cmd, env=run.env,
+                           python_warnings=python_warnings)
     processes.mark_done(run.save_dir, signature(run))
 
 
 def _check(opts):
-    if opts.precision not in PRECISIONS:
-        raise UsageError(f"--precision must be fp32, fp16 or bf16, got {opts.precision!r}")
+    check_precision(opts.precision)
     for flag, value in (("--gpus", opts.gpus), ("--max-tokens-per-gpu", opts.max_tokens_per_gpu),
                         ("--nodes", opts.nodes)):
         if value is not None and value < 1:
@@ -226,15 +237,23 @@ def _check(opts):
                              f"got {opts.master!r}")
 
 
+def check_precision(precision):
+    if precision not in recipes.PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(recipes.PRECISIONS)}, got {precision!r}")
+
+
 def parser():
-    p = Parser(prog=prog("qknorm_pipeline.train"), tag=TAG, description=__doc__,
+    base = recipes.base()
+    p = Parser(prog=prog("qknorm_pipeline.train"), tag=TAG,
+               description=__doc__.format(pairs=" ".join(recipes.available_pairs()), systems=" ".join(base.systems)),
                usage="%(prog)s [options] PAIR SYSTEM [extra fairseq-train flags...]",
                unknown_hint=" before PAIR SYSTEM; fairseq flags go after PAIR SYSTEM")
-    p.add_argument("--precision", default="fp32", help="fp32|fp16|bf16 (default fp32): on a GPU any; on a CPU bf16 where it "
-                                                       "has native bf16 instructions (AVX512-BF16, AMX), else an error")
-    p.add_argument("--schedule", help="LR schedule from the config's schedules: (valdecay, nowarmup, invsqrtdecay, "
-                                      "valdecay_2xlr, invsqrtdecay_2xlr); default: the config's train.schedule")
-    p.add_argument("--stopping", help="stopping rule from the config's stopping: (twt_paper, twt_code, qknorm); "
+    p.add_argument("--precision", default="fp32", help=f"{'|'.join(recipes.PRECISIONS)} (default fp32): on a GPU any; "
+                                                       "on a CPU bf16 where it has native bf16 instructions "
+                                                       "(AVX512-BF16, AMX), else an error")
+    p.add_argument("--schedule", help=f"LR schedule from the config's schedules: ({', '.join(base.schedules)}); "
+                                      "default: the config's train.schedule")
+    p.add_argument("--stopping", help=f"stopping rule from the config's stopping: ({', '.join(base.stopping)}); "
                                       "default: the system's (docs/training.md)")
     p.add_argument("--paper-qknorm-length", action="store_true",
                    help="QKNorm's L from the config (the papers' value) instead of the data")

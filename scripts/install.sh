@@ -7,8 +7,9 @@
 #     dependencies (--no-deps: they pull torchaudio, which text translation never uses);
 #   - fastBPE, whose build imports Cython (--no-build-isolation), and its command-line tool `fast`
 #     (learnbpe), compiled from the same sdist into .venv/bin/.
-# Idempotent: a stamp file records what was installed; a second run only re-installs the package
-# itself when its sources changed.
+# The package is installed editable (its console scripts run this checkout's code and configs/),
+# its plugin linked next to fairseq (for `--user-dir qknorm_fairseq` from any folder).
+# Idempotent: a stamp file records what was installed.
 #
 # Environment:
 #   PYTHON       interpreter for the venv (default: python3; must be >= 3.11)
@@ -33,14 +34,8 @@ die() { printf '[install] error: %s\n' "$*" >&2; exit 1; }
 
 stamp=$VENV/.qknorm-stamp
 want=$(cat "$ROOT/scripts/install.sh" "$ROOT/pyproject.toml" | sha1sum | cut -c1-16)
-src_hash() { (cd "$ROOT" && find qknorm_fairseq qknorm_pipeline -name '*.py' | sort | xargs cat) | sha1sum | cut -c1-16; }
 
 if [[ -f $stamp && $(head -n1 "$stamp") == "$want" && -x $VENV/bin/python ]]; then
-  if [[ $(sed -n 2p "$stamp") != "$(src_hash)" ]]; then
-    say "package sources changed: re-installing qknorm-fairseq"
-    "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation "$ROOT"
-    printf '%s\n%s\n' "$want" "$(src_hash)" >"$stamp"
-  fi
   exit 0
 fi
 
@@ -71,11 +66,15 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
 fi
 say "torch $("$PY" -c 'import torch; print(torch.__version__)')"
 
-pip install -q --no-build-isolation "$ROOT[dev]"  # pyproject.toml's dependencies, and the package
+pip install -q --no-build-isolation -e "$ROOT[dev]"  # pyproject.toml's dependencies, and the package
 if ! "$PY" -c 'import fairseq' 2>/dev/null; then
   say "building $FAIRSEQ (a few minutes)"
   pip install -q --no-deps --no-build-isolation "$FAIRSEQ"
 fi
+# fairseq looks for a relative --user-dir next to its own package: `--user-dir qknorm_fairseq` then
+# works from any folder, and finds this checkout's plugin
+site=$("$PY" -c 'import os, fairseq; print(os.path.dirname(os.path.dirname(fairseq.__file__)))')
+rm -rf "$site/qknorm_fairseq" && ln -s "$ROOT/qknorm_fairseq" "$site/qknorm_fairseq"
 "$PY" -c 'import fastBPE' 2>/dev/null || pip install -q --no-deps --no-build-isolation "$FASTBPE"
 if [[ ! -x $VENV/bin/fast ]]; then
   tmp=$(mktemp -d)
@@ -88,5 +87,5 @@ if [[ ! -x $VENV/bin/fast ]]; then
 fi
 "$PY" -c 'import qknorm_fairseq, qknorm_pipeline, fairseq, fastBPE, sacrebleu, sentencepiece, sacremoses' \
   || die "the environment in $VENV is incomplete; remove it and run again"
-printf '%s\n%s\n' "$want" "$(src_hash)" >"$stamp"
+printf '%s\n' "$want" >"$stamp"
 say "environment ready in $((SECONDS - t0)) s: $VENV"

@@ -33,7 +33,7 @@ from ..files import write_atomic
 from ..paths import USER_DIR, cpu_name, shareable
 
 HELP = "training/decoding speed and memory of every preset vs stock transformer"
-STOCK = "transformer"
+STOCK = recipes.STOCK_ARCH
 SLOW_TARGET = {"transformer_dnas": 0.80, "transformer_hnas": 0.80}  # every other preset: 0.95
 METRICS = ("train_tok_s", "decode_sent_s", "peak_mem_mb")
 
@@ -82,6 +82,9 @@ def model_flags(opts, arch):
 
 
 def build(data_bin, arch, opts):
+    """ARCH's model, criterion and optimizer in this process. The argument list only configures
+    fairseq's task and model (the synthetic corpus, dimensions, dropout, criterion): no fairseq-train
+    runs, so the recipes' training flags (recipes.train_args) have nothing to do here."""
     from fairseq import options, tasks
 
     extra = [] if arch == STOCK else ["--qknorm-length", opts.src_len]

@@ -3,8 +3,8 @@ every precision this machine trains in, with what an update costs the host.
 
 Each system trains --updates updates of the pair's prepared data exactly as train.sh starts it
 (the recipe's model, batch and precision), without validation or checkpoints; the stock row is
-fairseq's `transformer` at the recipe's model size with fairseq's IWSLT recipe (the study's stock
-flags, configs/studies/gl-en.yaml), started by the same entry point as ours
+fairseq's `transformer` at the recipe's model size with fairseq's IWSLT recipe (configs/base.yaml
+stock:), started by the same entry point as ours
 (qknorm_pipeline.fairseq_train, which bf16 on a CPU needs), so the rows differ only in model and
 recipe. The (system, precision) runs alternate, --reps times. A run's speed is the median of
 fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates. Then, once per
@@ -25,27 +25,25 @@ from datetime import datetime
 from .. import recipes
 from .. import train as train_step
 from ..cli import UserError, log
+from ..fairseq_log import parse_line
 from ..files import write_atomic
 from ..paths import Folders, cpu_has_bf16, cpu_name, folders, shareable
-from ..study import config as study_config
+from ..recipes import STOCK
+from ..train import ENTRY
 
 HELP = "real fairseq-train updates/s of a pair's recipe against stock fairseq (writes throughput.json)"
-STOCK = "fairseq_transformer"
-ENTRY = "qknorm_pipeline.fairseq_train"
 PROFILED_UPDATE = 6
 
 
 def stock_command(cfg, data_bin, save_dir, gpu, precision):
-    """fairseq-train (no --user-dir) with the study's stock recipe at the pair recipe's model size and
-    batch, started as train.sh starts ours."""
-    m = cfg.model
-    args = [data_bin, "--source-lang", cfg.src, "--target-lang", cfg.tgt,
-            *study_config.stock_flags(study_config.load(study_config.DEFAULT), STOCK, max_tokens=cfg.train.max_tokens),
-            *recipes.size_args(m.embed_dim, m.ffn_dim, m.encoder_layers, m.decoder_layers, m.heads),
-            "--warmup-updates", "4000", "--save-dir", save_dir]
-    args += [] if gpu else ["--cpu"]
-    args += [f"--{precision}"] if precision != "fp32" else []
-    return [sys.executable, "-m", ENTRY, *args]
+    """fairseq-train (no --user-dir) with the stock recipe (fairseq's IWSLT recipe) at the pair
+    recipe's model size and batch, started as train.sh starts ours."""
+    m, st = cfg.model, cfg.stock
+    extra = [*recipes.size_args(m.embed_dim, m.ffn_dim, m.encoder_layers, m.decoder_layers, m.heads),
+             "--warmup-updates", str(st.warmup_updates), *([] if gpu else ["--cpu"]),
+             *([f"--{precision}"] if precision != "fp32" else [])]
+    flags = {**st.flags, **st.iwslt, "max_tokens": cfg.train.max_tokens}
+    return [sys.executable, "-m", ENTRY, *recipes.stock_args(cfg, flags, data_bin, save_dir, cfg.train.seed, extra)]
 
 
 def commands(opts, where, scratch):
@@ -100,11 +98,11 @@ def time_one(cmd, env, warmup, updates):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     ups, last = [], 0
     for line in (p.stdout + p.stderr).splitlines():
-        if "train_inner" in line and "{" in line:
-            rec = json.loads(line[line.index("{"):])
-            last = int(rec["num_updates"])
+        parsed = parse_line(line)
+        if parsed and parsed[0] == "train_inner":
+            last = int(parsed[1]["num_updates"])
             if last > warmup:
-                ups.append(float(rec["ups"]))
+                ups.append(parsed[1]["ups"])
     if p.returncode != 0:
         if p.returncode > 0 or last < updates:
             raise UserError(f"{' '.join(cmd[:3])} ... failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
@@ -195,7 +193,7 @@ def add_arguments(s):
     s.add_argument("--warmup", type=int, default=10, help="updates left out of the median (default 10)")
     s.add_argument("--log-interval", type=int, default=5, help="fairseq's --log-interval: ups is averaged over it")
     s.add_argument("--reps", type=int, default=1, help="alternating repetitions of every system (default 1)")
-    s.add_argument("--precisions", nargs="+", choices=("fp32", "bf16", "fp16"),
+    s.add_argument("--precisions", nargs="+", choices=recipes.PRECISIONS,
                    help="default: bf16 on a GPU; on a CPU fp32 and, where it has native bf16 instructions, bf16")
     s.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip the per-update profile (ops, syncs, batch shapes)")

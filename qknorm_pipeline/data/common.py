@@ -1,14 +1,12 @@
-"""Errors, log lines, split names and atomic folders shared by the data tools (reading and writing
-lines: qknorm_pipeline/files.py)."""
-import contextlib
-import os
-import shutil
-import sys
-import tempfile
-
+"""Errors, log lines and split names shared by the data tools (files and folders written whole:
+qknorm_pipeline/files.py)."""
 from ..cli import UserError
+from ..cli import log as tool_log
 
-SPLITS = ("train", "dev", "test")
+# Our three splits, as the corpora name them (data/PAIR/raw/, --src-dir), each with the name
+# fairseq gives it from tokenization on (tok/, bpe/, data-bin/: fairseq-preprocess --validpref).
+FAIRSEQ_SPLIT = {"train": "train", "dev": "valid", "test": "test"}
+SPLITS = tuple(FAIRSEQ_SPLIT)
 
 
 class DataError(UserError):
@@ -20,21 +18,5 @@ class NotFound(DataError):
 
 
 def log(msg):
-    print(f"[corpora] {msg}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def staged_dir(out):
-    """Yields a fresh temporary folder beside OUT; it replaces OUT only when the block succeeds,
-    and is removed otherwise, so OUT is either the old complete folder or the new one."""
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(out) + ".tmp.", dir=parent)
-    try:
-        yield tmp
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
+    """A line of scripts/download.sh, the tool that fetches and reads the sources."""
+    tool_log("download", msg)

@@ -6,9 +6,9 @@ import os
 
 from .. import recipes
 from ..cli import UsageError
-from ..files import read_lines, write_lines
+from ..files import atomic_dir, read_lines, write_lines
 from . import readers, sources
-from .common import SPLITS, DataError, NotFound, log, staged_dir
+from .common import SPLITS, DataError, NotFound, log
 from .fetch import fetch
 
 
@@ -78,7 +78,7 @@ def check_counts(data, expected, strict, what):
 
 def write_split_files(data, out, src, tgt, meta):
     """OUT/{train,dev,test}.{src,tgt} + SOURCE.json, all or nothing."""
-    with staged_dir(out) as tmp:
+    with atomic_dir(out) as tmp:
         for s in SPLITS:
             for i, lang in enumerate((src, tgt)):
                 write_lines(os.path.join(tmp, f"{s}.{lang}"), [pair[i].replace("\n", " ") for pair in data[s]])

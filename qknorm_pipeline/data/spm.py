@@ -2,6 +2,7 @@
 import os
 
 from ..files import read_lines, write_lines
+from .common import FAIRSEQ_SPLIT
 
 
 def spm_encode_dir(tok_dir, bpe_dir, src, tgt, vocab_size):
@@ -17,7 +18,7 @@ def spm_encode_dir(tok_dir, bpe_dir, src, tgt, vocab_size):
         character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
         bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1)
     sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
-    for split in ("train", "valid", "test"):
+    for split in FAIRSEQ_SPLIT.values():
         for lang in (src, tgt):
             lines = read_lines(os.path.join(tok_dir, f"{split}.{lang}"))
             write_lines(os.path.join(bpe_dir, f"{split}.{lang}"), [" ".join(sp.encode(x, out_type=str)) for x in lines])

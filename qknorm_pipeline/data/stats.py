@@ -1,25 +1,13 @@
 """prepare.sh's last stage: data-bin/PAIR/stats.json, what every later stage reads about the data
-(the segmentation and how to undo it, sizes, QKNorm's L, the target vocabulary)."""
+(the segmentation and how to undo it, sizes, QKNorm's L); recipes.read_stats reads it."""
 import json
-import math
 import os
 
 import numpy as np
 
 from ..files import write_atomic
-from .common import DataError
-
-# fairseq's --remove-bpe / --eval-bleu-remove-bpe value that undoes each segmentation
-REMOVE_BPE = {"fastbpe": "@@ ", "sentencepiece": "sentencepiece"}
-
-
-def read_stats(data_bin):
-    """DATA_BIN/stats.json as a dict, or None when the pair is not prepared."""
-    path = os.path.join(data_bin, "stats.json")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+from ..recipes import REMOVE_BPE
+from .common import FAIRSEQ_SPLIT, DataError
 
 
 def _count_lines(path):
@@ -42,7 +30,7 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
     with open(os.path.join(tok_dir, "counts.json")) as f:
         tok_counts = json.load(f)
     lines, tokens = {}, {}
-    for split in ("train", "valid", "test"):
+    for split in FAIRSEQ_SPLIT.values():
         segmented = {lang: _count_lines(os.path.join(bpe_dir, f"{split}.{lang}")) for lang in (src, tgt)}
         tok_lines = _count_lines(os.path.join(tok_dir, f"{split}.{src}"))
         if set(segmented.values()) != {tok_lines}:
@@ -58,7 +46,8 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
             tgt_types.update(line.split())
     with open(os.path.join(data_bin, f"dict.{src}.txt"), encoding="utf-8") as f:
         dict_size = sum(1 for _ in f)
-    # QKNorm's L, as the plugin computes it from the binarized data (qknorm_fairseq/data_stats.py)
+    # QKNorm's L, as the plugin computes it from the binarized data (qknorm_fairseq/data_stats.py): for
+    # the user (prepare.sh prints it) to compare with a paper's L (configs/PAIR.yaml model.qknorm_length)
     lengths = _lengths(os.path.join(bpe_dir, f"train.{src}")) + _lengths(os.path.join(bpe_dir, f"train.{tgt}"))
     length = float(np.percentile(lengths, percentile))
     stats = {
@@ -68,10 +57,8 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
         "lines": lines, "tokens": tokens,
         # counted in BPE tokens + EOS, over source and target sides of the binarized train split
         f"length_p{percentile:g}": length,
-        "qknorm_g0": math.log2(length * length - length) if length > 1 else None,  # QKNorm Sec. 3
         "dict_size": dict_size,  # fairseq's dictionary: 4 specials + types (+ padding to a multiple of 8)
-        "target_vocab_size": len(tgt_types),
-        "target_vocab": sorted(tgt_types),  # types seen on the target side of train (logit masking)
+        "target_vocab_size": len(tgt_types),  # types seen on the target side of train (logit masking keeps them)
     }
     write_atomic(os.path.join(data_bin, "stats.json"), json.dumps(stats, indent=1, ensure_ascii=False))
     return stats

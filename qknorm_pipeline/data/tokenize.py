@@ -3,15 +3,15 @@ alignment check, Moses tokenization of raw text, whitespace normalised, train le
 import json
 import os
 
-from ..files import read_lines, write_lines
-from .common import DataError, log, staged_dir
+from ..cli import log
+from ..files import atomic_dir, read_lines, write_lines
+from .common import FAIRSEQ_SPLIT, DataError
 from .readers import check_aligned
 
 
-def tokenize_dir(in_dir, out_dir, src, tgt, raw, max_len, in_names=None):
-    in_names = in_names or {"train": "train", "valid": "dev", "test": "test"}
+def tokenize_dir(in_dir, out_dir, src, tgt, raw, max_len):
     texts = {}
-    for split, name in in_names.items():
+    for name, split in FAIRSEQ_SPLIT.items():
         sides = []
         for lang in (src, tgt):
             path = os.path.join(in_dir, f"{name}.{lang}")
@@ -31,7 +31,7 @@ def tokenize_dir(in_dir, out_dir, src, tgt, raw, max_len, in_names=None):
             # only turns ' into the 6-character &apos; that BPE then has to split.
             tok = MosesTokenizer(lang=lang)
             for split in texts:
-                log(f"tokenizing {split}.{lang} ({len(texts[split][i])} lines)")
+                log("prepare", f"tokenizing {split}.{lang} ({len(texts[split][i])} lines)")
                 texts[split][i] = [tok.tokenize(line, escape=False, return_str=True) for line in texts[split][i]]
     # One space between tokens. str.split() also takes \x0b, \x0c, \x1c-\x1f, \x85, \u2028, \u2029
     # and a lone \r for spaces, so no later tool can break a line at them.
@@ -46,7 +46,7 @@ def tokenize_dir(in_dir, out_dir, src, tgt, raw, max_len, in_names=None):
             a, b = [k[0] for k in kept], [k[1] for k in kept]
             texts[split] = [a, b]
         counts[split] = {"input": n, "kept": len(a)}
-    with staged_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         for split, sides in texts.items():
             for lang, lines in zip((src, tgt), sides):
                 write_lines(os.path.join(tmp, f"{split}.{lang}"), lines)

@@ -17,44 +17,41 @@ smoothed score); sacrebleu_treebank, SacreBLEU after NLTK's Treebank detokenizer
 published QKNorm Table 3 number the authors' procedure, which keeps Moses escapes (13a then splits
 `&apos;` into `& apos ;`, so every apostrophe adds easy matches: a warning says how many the
 reference holds), elsewhere the same after undoing the escapes (--treebank-detok to choose).
-p: the paired bootstrap over test sentences (Koehn 2004), one-sided; at the floor of its resamples
-it is a bound, printed "≤ 0.001 (resampling floor)" for 1,000 samples. When a system has several
-seeds: Welch's t over the seeds' scores with the test set's sampling variance added, a one-seed
-system with the seed variance pooled over the others (significance.py, seed_t_test). The family
-is every system against the baseline; "p (Holm)" is its Holm-Bonferroni adjusted p, and * marks
-an adjusted p below 0.01.
+p, two-sided (significance.py says why): the paired bootstrap over test sentences (Koehn 2004); at
+the floor of its resamples it is a bound, printed "≤ 0.002 (resampling floor)" for 1,000 samples.
+When a system has several seeds: Welch's t over the seeds' scores with the test set's sampling
+variance added, a one-seed system with the seed variance pooled over the others (significance.py,
+seed_t_test). The family is every system against the baseline; "p (Holm)" is its Holm-Bonferroni
+adjusted p, and * marks an adjusted p below 0.01.
 """
 import csv
 import io
 import json
 import os
-import re
 import statistics
 import sys
 
 from ..cli import Parser, one_pair, prog
 from ..cli import main as run_main
 from ..files import write_atomic
+from ..names import split_seed
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, MOSES_ESCAPES, ScoringError
 from .score import METRICS, score_runs
-from .significance import format_p, holm, paired_bootstrap, pooled_variance, seed_t_test, sentence_variance
+from .significance import bootstrap_floor, format_p, holm, paired_bootstrap, pooled_variance, seed_t_test, sentence_variance
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
 SHOWN = ("multi_bleu", "multi_bleu_detok", "sacrebleu_treebank")  # sacrebleu: multi_bleu_detok's twin
 DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
 # Baseline preference when none is named: TwT's baseline, then QKNorm's (Nguyen & Salazar).
 BASELINE_ORDER = ("postnorm", "scalenorm", "prenorm")
-# A run trained with `train.sh --seed K` (K != 1) is named SYSTEM_seedK; the plain SYSTEM is seed 1.
-SEED_RUN = re.compile(r"^(?P<system>.+)_seed(?P<seed>[0-9]+)$")
 
 
 def group_runs(runs):
     """{system: {seed: run name}} of evaluated run names."""
     groups = {}
     for run in runs:
-        m = SEED_RUN.match(run)
-        system, seed = (m["system"], int(m["seed"])) if m else (run, 1)
+        system, seed = split_seed(run)  # SYSTEM_seedK: seed K of SYSTEM (names.py)
         if seed in groups.setdefault(system, {}):
             raise ScoringError(f"runs {groups[system][seed]!r} and {run!r} are both seed {seed} of {system}")
         groups[system][seed] = run
@@ -170,12 +167,12 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
             else:
                 res = paired_bootstrap(stats[mine[0]][metric], stats[base[0]][metric], n_samples=n_samples, seed=seed,
                                        score_fn=score_fns[metric])
-            row.update(delta=round(res["delta"], 4), p_value=res["p_value"])
+            row.update(delta=round(res["delta"], 4), p_value=res["p_two_sided"])
         else:
             row["delta"] = 0.0
         row["published"] = beside_published(row, published)
         rows.append(row)
-    add_holm(rows, None if seeded else 1 / (n_samples + 1))
+    add_holm(rows, None if seeded else bootstrap_floor(n_samples))
     warning = escape_warning(ref, treebank_detok)
     return {"pair": pair, "baseline": baseline, "metric": metric, "detok": detok,
             "reference": [shareable(r) for r in ref], "treebank_detok": treebank_detok,
@@ -263,12 +260,12 @@ def to_markdown(table):
         pooled = table.get("pooled_sd")
         test = (f"mean over seeds ± sample standard deviation; delta of the means and p on {table['metric']} "
                 f"from Welch's t over the seeds' scores, with the test set's sampling variance added (paired "
-                f"bootstrap over sentences, {table['n_samples']} samples, seed {table['seed']}); one-sided; a "
+                f"bootstrap over sentences, {table['n_samples']} samples, seed {table['seed']}); two-sided; a "
                 "system with one seed gets the seed standard deviation pooled over the others"
                 + (f" ({pooled[0]:.2f}, {pooled[1]} degrees of freedom)" if pooled else ""))
     else:
         test = (f"Delta and p on {table['metric']} (paired bootstrap, {table['n_samples']} samples, "
-                f"seed {table['seed']}; one-sided; its resampling floor is 1/{table['n_samples'] + 1:,})")
+                f"seed {table['seed']}; two-sided; its resampling floor is 2/{table['n_samples'] + 1:,})")
     test += (f". The family of tests: {', '.join(tested)}, each against {table['baseline']} ({len(tested)}); p (Holm): "
              "Holm-Bonferroni adjusted over it (≤: a bound, at most the number of tests times the floor); "
              "* = adjusted p < 0.01")

@@ -7,8 +7,8 @@
 
 Metrics: ``multi_bleu`` = multi-bleu.perl on the files as given (tokenized text);
 ``multi_bleu_detok`` = multi-bleu-detok.perl and ``sacrebleu`` = SacreBLEU (13a), both on
-hypotheses and references detokenized with ``--detok``. The p-value (``--metric``, paired
-bootstrap by default) tests each system against ``--baseline``; null for the baseline and
+hypotheses and references detokenized with ``--detok``. The two-sided p-value (``--metric``,
+paired bootstrap by default) tests each system against ``--baseline``; null for the baseline and
 when no baseline is named.
 """
 import json
@@ -75,7 +75,7 @@ def score_systems(ref_paths, systems, baseline=None, detok="none", lang="en", me
             fn = paired_bootstrap if test == "bootstrap" else approximate_randomization
             res = fn(stats[name][metric], stats[baseline][metric], n_samples=n_samples, seed=seed,
                      score_fn=score_fns[metric])
-            out[name]["p_value"] = res["p_value"]
+            out[name]["p_value"] = res["p_two_sided"]
     return {"systems": out, "reference": [shareable(p) for p in ref_paths], "baseline": baseline, "detok": detok,
             "metric": metric, "test": test if baseline else None, "n_samples": n_samples, "seed": seed}
 

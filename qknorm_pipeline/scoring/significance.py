@@ -1,10 +1,17 @@
 """Significance tests: over test sentences (per-sentence BLEU statistics) and over training seeds.
 
+Every test here gives a two-sided p (``p_two_sided``), and both tables use it: compare.sh's (the
+demo's) and the study's report. Two-sided, because no direction was fixed before the data were seen:
+compare.sh tests every system against the baseline whichever way each falls, and the report tests
+neighbours in a ranking drawn from the same data; it is also what a reviewer assumes. (Where a paper
+did predict the direction, a one-sided p would be about half of it.)
+
 * ``paired_bootstrap`` (Koehn 2004): draw ``n_samples`` test sets of the same size with
-  replacement (the same draws for both systems), score both on each; the p-value is the
-  share of samples in which the system is NOT better than the baseline, with the usual +1
-  correction, ``(count + 1) / (n_samples + 1)``. One-sided: H1 = "system beats baseline".
-  Identical systems therefore get p = 1 and a clearly better one p = 1/(n+1).
+  replacement (the same draws for both systems), score both on each; each tail is the share of
+  samples in which the system is not better (not worse) than the baseline, with the usual +1
+  correction, ``(count + 1) / (n_samples + 1)``, and p is twice the smaller tail, at most 1
+  (``bootstrap_p``). Identical systems therefore get p = 1 and a clearly different one
+  p = 2/(n+1).
 * ``approximate_randomization`` (Riezler & Maxwell 2005): swap the two systems' outputs per
   sentence at random; p = share of swaps whose |score difference| reaches the observed one.
 * ``seed_bootstrap``: the paired bootstrap over test sentences and training seeds together (one
@@ -35,8 +42,8 @@ Systems trained with a few seeds (the study's report; compare.sh with seeds):
   degrees of freedom: for that pair 4.3 instead of 2.0, p 0.001 instead of 0.018.)
 * ``holm``: Holm-Bonferroni adjusted p-values over a named family of tests.
 
-A bootstrap p has a floor, 1 / (n_samples + 1) (two-sided: twice that); a p at the floor is a
-bound, and ``format_p`` prints it as "≤ FLOOR (resampling floor)". A t test's p has no floor.
+A bootstrap p has a floor, ``bootstrap_floor``: 2 / (n_samples + 1); a p at the floor is a bound,
+and ``format_p`` prints it as "≤ FLOOR (resampling floor)". A t test's p has no floor.
 scipy (the t distribution) is a dependency of the package (pyproject.toml).
 """
 import math
@@ -63,25 +70,36 @@ def _check(sys_stats, base_stats):
         raise ValueError("paired test on an empty test set")
 
 
+def bootstrap_floor(n_samples):
+    """The smallest p a bootstrap of N_SAMPLES resamples can give (two-sided)."""
+    return 2 / (n_samples + 1)
+
+
+def bootstrap_p(d):
+    """The two-sided p of the resampled deltas D (system minus baseline): twice the smaller tail,
+    each with the +1 correction, at most 1."""
+    low, high = int(np.sum(d <= 0)) + 1, int(np.sum(d >= 0)) + 1
+    return min(1.0, bootstrap_floor(len(d)) * min(low, high))
+
+
 def paired_bootstrap(sys_stats, base_stats, n_samples=1000, seed=12345, score_fn=None):
     """Koehn (2004) paired bootstrap. ``score_fn`` maps summed statistics to BLEU
-    (default: multi-bleu.perl's). Returns dict(p_value, delta, mean, ci)."""
+    (default: multi-bleu.perl's). Returns dict(p_two_sided, delta, mean, ci)."""
     _check(sys_stats, base_stats)
     n = len(sys_stats)
     weights = resample_weights(np.random.default_rng(seed), n, n_samples)
     s_sys = _scores(sys_stats, weights, score_fn)
     s_base = _scores(base_stats, weights, score_fn)
-    not_better = int(np.sum(s_sys <= s_base))
     mean, ci = estimate_ci(s_sys)
     full = np.ones((1, n))
     delta = float(_scores(sys_stats, full, score_fn)[0] - _scores(base_stats, full, score_fn)[0])
-    return {"p_value": (not_better + 1) / (n_samples + 1), "delta": delta,
+    return {"p_two_sided": bootstrap_p(s_sys - s_base), "delta": delta,
             "mean": float(mean), "ci": float(ci), "n_samples": n_samples, "seed": seed,
             "test": "paired_bootstrap"}
 
 
 def approximate_randomization(sys_stats, base_stats, n_samples=10000, seed=12345, score_fn=None):
-    """Two-sided approximate randomisation test. Returns dict(p_value, delta)."""
+    """Approximate randomisation test. Returns dict(p_two_sided, delta)."""
     _check(sys_stats, base_stats)
     a = np.asarray(sys_stats, dtype=np.float64)
     b = np.asarray(base_stats, dtype=np.float64)
@@ -94,7 +112,7 @@ def approximate_randomization(sys_stats, base_stats, n_samples=10000, seed=12345
     shuf_a = _scores_offset(a, -diff_ab, swap, score_fn)
     shuf_b = _scores_offset(b, diff_ab, swap, score_fn)
     reach = int(np.sum(np.abs(shuf_a - shuf_b) >= abs(observed) - 1e-9))
-    return {"p_value": (reach + 1) / (n_samples + 1), "delta": observed,
+    return {"p_two_sided": (reach + 1) / (n_samples + 1), "delta": observed,
             "n_samples": n_samples, "seed": seed, "test": "approximate_randomization"}
 
 
@@ -139,10 +157,8 @@ def seed_bootstrap(sys_runs, base_runs, n_samples=1000, seed=12345, score_fn=Non
     MultEval, Clark et al. 2011). With one seed per system no seed variance can be estimated, and
     the test is Koehn's paired bootstrap over sentences only (``seeds`` in the result says so).
 
-    Returns the delta of the seed means on the full test set, the one-sided p of "system better"
-    ((samples with delta <= 0) + 1) / (n_samples + 1), the two-sided p (twice the smaller tail,
-    for a direction chosen from the same data, e.g. neighbours in a ranking), the 95% interval of
-    the resampled delta, and ``floor``: the smallest one-sided p these samples can give.
+    Returns the delta of the seed means on the full test set, the two-sided p (``bootstrap_p``),
+    the 95% interval of the resampled delta, and ``floor``: the smallest p these samples can give.
     Random draws, in order: the sentences, then the system's seeds, then the baseline's.
     """
     runs = [np.asarray(r, dtype=np.float64) for r in list(sys_runs) + list(base_runs)]
@@ -161,10 +177,9 @@ def seed_bootstrap(sys_runs, base_runs, n_samples=1000, seed=12345, score_fn=Non
     full = np.ones((1, n))
     delta = float(np.mean([_scores(r, full, score_fn)[0] for r in runs[:len(sys_runs)]])
                   - np.mean([_scores(r, full, score_fn)[0] for r in runs[len(sys_runs):]]))
-    low, high = (int(np.sum(d <= 0)) + 1), (int(np.sum(d >= 0)) + 1)
     lo, hi = np.percentile(d, [2.5, 97.5])
-    return {"p_value": low / (n_samples + 1), "p_two_sided": min(1.0, 2 * min(low, high) / (n_samples + 1)),
-            "delta": delta, "ci95": [float(lo), float(hi)], "floor": 1 / (n_samples + 1),
+    return {"p_two_sided": bootstrap_p(d), "delta": delta, "ci95": [float(lo), float(hi)],
+            "floor": bootstrap_floor(n_samples),
             "n_samples": n_samples, "seed": seed, "test": "seed_bootstrap", "seeds": [len(sys_runs), len(base_runs)]}
 
 
@@ -211,8 +226,8 @@ def seed_t_test(sys_scores, base_scores, sentence_var=0.0, pooled=None):
     term is unknown and left out (``seed_terms`` says so). ``sentence_var``: a variance added to the
     seed terms v_i (``sentence_variance``), not to their degrees of freedom, Welch-Satterthwaite's
     (sum v_i)^2 / sum (v_i^2 / df_i); infinite (a normal) when no seed term has a variance.
-    Returns the delta of the means, its standard error, the degrees of freedom, t, the two-sided p,
-    the one-sided p of "system better", and the 95% interval delta +- t(0.975, df) * se."""
+    Returns the delta of the means, its standard error, the degrees of freedom, t, the two-sided p
+    and the 95% interval delta +- t(0.975, df) * se."""
     from scipy import stats as scipy_stats  # here: 0.5 s to import, which --help need not wait for
 
     if not len(sys_scores) or not len(base_scores):
@@ -229,7 +244,7 @@ def seed_t_test(sys_scores, base_scores, sentence_var=0.0, pooled=None):
         t = delta / se
     half = float(scipy_stats.t.ppf(0.975, df)) * se
     return {"delta": delta, "se": se, "df": df, "t": t, "p_two_sided": float(2 * scipy_stats.t.sf(abs(t), df)),
-            "p_value": float(scipy_stats.t.sf(t, df)), "ci95": [delta - half, delta + half],
+            "ci95": [delta - half, delta + half],
             "seeds": [len(sys_scores), len(base_scores)], "seed_terms": [terms[0][2], terms[1][2]],
             "sentence_var": sentence_var, "test": "seed_t_test"}
 
@@ -253,8 +268,8 @@ def _round_up(x):
 
 
 def format_p(p, floor=None):
-    """A p-value as text. FLOOR: the smallest p its resamples can give (two-sided: twice the one-sided
-    floor); a p at it is a bound, '≤ 0.001 (resampling floor)' for 1,000 samples. Otherwise three
+    """A p-value as text. FLOOR: the smallest p its resamples can give (``bootstrap_floor``); a p at
+    it is a bound, '≤ 0.002 (resampling floor)' for 1,000 samples. Otherwise three
     decimals, or two significant digits below 0.001 (a t test's p has no floor)."""
     if floor is not None and p <= floor * (1 + 1e-9):
         return f"≤ {_round_up(floor):g} (resampling floor)"

@@ -29,6 +29,7 @@ import time
 
 from ..cli import Parser, UsageError, log, prog
 from ..cli import main as run_main
+from ..data.common import SPLITS
 from ..paths import folders, short
 from . import config, records, report, runs
 
@@ -42,7 +43,7 @@ def prepare_data(cfg, where):
     from ..reproduce import into_log
 
     src = config.source_dir(cfg)
-    for split in ("train", "dev", "test"):
+    for split in SPLITS:
         for lang in cfg.pair.split("-"):
             if not os.path.isfile(os.path.join(src, f"{split}.{lang}")):
                 raise UsageError(f"missing {os.path.join(src, f'{split}.{lang}')}: the study needs its corpus there "

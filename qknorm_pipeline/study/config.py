@@ -6,10 +6,10 @@ from typing import Any, Dict, List, Optional
 
 from .. import recipes
 from ..cli import UsageError
+from ..names import run_name
 from ..paths import ROOT, shareable
 
 DEFAULT = os.path.join(ROOT, "configs", "studies", "gl-en.yaml")
-PRECISIONS = ("fp32", "bf16")
 
 
 class StudyError(UsageError):
@@ -17,7 +17,7 @@ class StudyError(UsageError):
 
 
 @dataclass
-class Model:
+class ModelSize:
     embed_dim: int = "???"
     ffn_dim: int = "???"
     layers: int = "???"
@@ -55,7 +55,7 @@ class StockRow:
 
 @dataclass
 class Stock:
-    flags: Dict[str, Any] = field(default_factory=dict)  # fairseq's own recipe, plain fairseq-train
+    iwslt: bool = False  # the stock recipe's (configs/base.yaml stock:) fairseq IWSLT recipe, or one_recipe: alone
     rows: Dict[str, StockRow] = field(default_factory=dict)
 
 
@@ -73,7 +73,7 @@ class Study:
     name: str = "???"
     pair: str = "???"
     source_dir: str = "???"
-    model: Model = field(default_factory=Model)
+    model: ModelSize = field(default_factory=ModelSize)
     budget: Budget = field(default_factory=Budget)
     dev_bleu: DevBleu = field(default_factory=DevBleu)
     schedule: str = "???"
@@ -82,13 +82,15 @@ class Study:
     one_recipe: OneRecipe = field(default_factory=OneRecipe)
     lr_multipliers: List[float] = field(default_factory=list)
     lr_grid: List[float] = field(default_factory=list)  # peak LRs: seed 1 at each, seeds 2.. at the best
-    precision: str = "fp32"  # train.sh --precision of every run (stock rows: fairseq's --bf16)
+    precision: str = "fp32"  # train.sh --precision of every run (stock rows: fairseq's --bf16 or --fp16)
     optimizer: Optional[str] = None  # our rows' --optimizer; None: the pair recipe's
     config: str = ""  # the file, as the report names it
 
 
 @dataclass(frozen=True)
-class Run:
+class StudyRun:
+    """One run of the study's plan (train.Run: how it is started)."""
+
     name: str
     system: str
     seed: int
@@ -113,8 +115,8 @@ def load(path):
     for system in cfg.systems:
         if system in cfg.stock.rows:
             raise StudyError(f"{shareable(path)}: {system!r} is both one of ours and a stock row")
-    if cfg.precision not in PRECISIONS:
-        raise StudyError(f"{shareable(path)}: precision {cfg.precision!r}: use one of {', '.join(PRECISIONS)}")
+    if cfg.precision not in recipes.PRECISIONS:
+        raise StudyError(f"{shareable(path)}: precision {cfg.precision!r}: use one of {', '.join(recipes.PRECISIONS)}")
     if cfg.lr_grid and cfg.lr_multipliers:
         raise StudyError(f"{shareable(path)}: give lr_grid or lr_multipliers, not both")
     return cfg
@@ -122,22 +124,6 @@ def load(path):
 
 def all_systems(cfg):
     return [*cfg.systems, *cfg.stock.rows]
-
-
-def lr_tag(lr):
-    """A learning rate as a run name writes it: 5e-4, 1.5e-3."""
-    mantissa, exponent = f"{lr:e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
-def run_name(system, seed, multiplier=1.0, lr=None):
-    """SYSTEM for seed 1, SYSTEM_seedK for seed K, SYSTEM_lrMx for the peak LR times M (seed 1);
-    in an lr_grid study SYSTEM_lrL (seed 1) and SYSTEM_lrL_seedK, L the peak LR (lr_tag)."""
-    if lr is not None:
-        return f"{system}_lr{lr_tag(lr)}" + (f"_seed{seed}" if seed != 1 else "")
-    if multiplier != 1.0:
-        return f"{system}_lr{multiplier:g}x"
-    return system if seed == 1 else f"{system}_seed{seed}"
 
 
 def best_rate(dev_by_lr):
@@ -168,13 +154,13 @@ def runs(cfg, systems=None, seeds=None, multipliers=True, best=None):
     stock = cfg.stock.rows
     if cfg.lr_grid:
         best = best or {}
-        out = [Run(run_name(s, 1, lr=lr), s, 1, 1.0, s in stock, lr) for lr in cfg.lr_grid for s in count]
-        return out + [Run(run_name(s, k, lr=best[s]), s, k, 1.0, s in stock, best[s])
+        out = [StudyRun(run_name(s, 1, lr=lr), s, 1, 1.0, s in stock, lr) for lr in cfg.lr_grid for s in count]
+        return out + [StudyRun(run_name(s, k, lr=best[s]), s, k, 1.0, s in stock, best[s])
                       for k in range(2, max(count.values()) + 1) for s in count if k <= count[s] and s in best]
-    out = [Run(run_name(s, k), s, k, 1.0, s in stock) for k in range(1, max(count.values()) + 1) for s in count
+    out = [StudyRun(run_name(s, k), s, k, 1.0, s in stock) for k in range(1, max(count.values()) + 1) for s in count
            if k <= count[s]]
     if multipliers:
-        out += [Run(run_name(s, 1, m), s, 1, m, s in stock) for m in cfg.lr_multipliers for s in count]
+        out += [StudyRun(run_name(s, 1, multiplier=m), s, 1, m, s in stock) for m in cfg.lr_multipliers for s in count]
     return out
 
 
@@ -224,11 +210,9 @@ def recipe(cfg, data_bin=None):
 
 def peak(cfg, rec):
     """The peak LR our systems get: the recipe schedule's own (TwT's rule with the recipe's warmup
-    of 8,000 at the study's d), only reached sooner (configs/studies/gl-en.yaml says why)."""
+    of 8,000) at the study's d, only reached sooner (configs/studies/gl-en.yaml says why)."""
     _, sched = recipes.schedule(rec, cfg.schedule)
-    if sched.lr_scale is not None:
-        return recipes.peak_lr(sched.lr_scale, cfg.model.embed_dim, sched.warmup_updates)
-    return sched.lr
+    return recipes.schedule_peak(rec, sched, cfg.model.embed_dim)
 
 
 def train_flags(cfg, run, rec, max_update=None):
@@ -238,17 +222,20 @@ def train_flags(cfg, run, rec, max_update=None):
         raise StudyError(f"{run.system!r} is not one of the study's systems: {', '.join(all_systems(cfg))}")
     lr = run.lr if run.lr is not None else peak(cfg, rec) * run.lr_multiplier
     one = {**cfg.one_recipe.flags, **cfg.one_recipe.ours}
-    return [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--lr", f"{lr:.6g}",
-            *(a for key, value in one.items() for a in recipes.flag(key, value))]
+    return [*model_flags(cfg.model), *schedule_flags(cfg, max_update), "--lr", f"{lr:.6g}", *recipes.flag_args(one)]
 
 
-def stock_flags(cfg, system, lr_multiplier=1.0, **overrides):
-    """A stock row's own flags as fairseq-train arguments: fairseq's recipe (or the study's one
-    recipe), no plugin, no model size."""
-    flags = {**cfg.stock.flags, **cfg.one_recipe.flags, **cfg.stock.rows[system].flags, **overrides}
-    if lr_multiplier != 1.0:
-        flags["lr"] = f"{float(flags['lr']) * lr_multiplier:g}"
-    return [a for key, value in flags.items() for a in recipes.flag(key, value)]
+def stock_flags(cfg, rec, run):
+    """A stock row's flags: the stock recipe's (with fairseq's IWSLT recipe, or the study's one
+    recipe), the row's own, and the run's learning rate."""
+    st = rec.stock
+    flags = {**st.flags, **(st.iwslt if cfg.stock.iwslt else {}), **cfg.one_recipe.flags,
+             **cfg.stock.rows[run.system].flags}
+    if run.lr is not None:
+        flags["lr"] = f"{run.lr:g}"
+    elif run.lr_multiplier != 1.0:
+        flags["lr"] = f"{float(flags['lr']) * run.lr_multiplier:g}"
+    return flags
 
 
 def precision_flags(cfg):
@@ -258,13 +245,8 @@ def precision_flags(cfg):
 
 def stock_args(cfg, run, rec, data_bin, save_dir, max_update=None):
     """fairseq-train's arguments for a stock row of the study."""
-    return [data_bin, "--source-lang", rec.src, "--target-lang", rec.tgt,
-            *stock_flags(cfg, run.system, run.lr_multiplier, **({} if run.lr is None else {"lr": f"{run.lr:g}"})),
-            *model_flags(cfg.model), *schedule_flags(cfg, max_update), *precision_flags(cfg), "--seed", str(run.seed),
-            "--validate-interval", "1000000", "--keep-interval-updates", "1", "--no-epoch-checkpoints",
-            "--eval-bleu", "--eval-bleu-remove-bpe", recipes.remove_bpe(rec, data_bin), "--eval-tokenized-bleu",
-            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-            "--log-format", "json", "--log-interval", str(rec.train.log_interval), "--save-dir", save_dir]
+    return recipes.stock_args(rec, stock_flags(cfg, rec, run), data_bin, save_dir, run.seed,
+                              [*model_flags(cfg.model), *schedule_flags(cfg, max_update), *precision_flags(cfg)])
 
 
 def source_dir(cfg):

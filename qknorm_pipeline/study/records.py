@@ -23,6 +23,7 @@ import shutil
 from datetime import datetime
 
 from ..fairseq_log import parse_line
+from ..files import atomic_dir, write_atomic
 from ..paths import ROOT
 from .config import StudyError, all_systems, best_rate, run_name
 
@@ -69,28 +70,16 @@ def record_change(old, new):
 
 
 def write_record(rec_dir, log_path, best_dir, last_dir, command):
-    """The finished run's record, written whole or not at all."""
-    parent = os.path.dirname(os.path.dirname(rec_dir))  # outside PAIR/, where compare looks
-    tmp = os.path.join(parent, f".{os.path.basename(rec_dir)}.tmp.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    """The finished run's record, written whole or not at all (staged outside PAIR/, where compare looks)."""
+    with atomic_dir(rec_dir, stage_in=os.path.dirname(os.path.dirname(rec_dir))) as tmp:
         with open(log_path, encoding="utf-8") as f:  # without this checkout's location
-            log_text = f.read().replace(ROOT + os.sep, "")
-        with open(os.path.join(tmp, "train.log"), "w", encoding="utf-8") as f:
-            f.write(log_text)
+            write_atomic(os.path.join(tmp, "train.log"), f.read().replace(ROOT + os.sep, ""))
         for src, dst in ((best_dir, tmp), (last_dir, os.path.join(tmp, "last"))):
             if src and os.path.isfile(os.path.join(src, "scores.json")):
                 os.makedirs(dst, exist_ok=True)
                 for name in ("hyp.txt", "scores.json"):
                     shutil.copy(os.path.join(src, name), dst)
-        with open(os.path.join(tmp, "command.txt"), "w", encoding="utf-8") as f:
-            f.write(command + "\n")
-        shutil.rmtree(rec_dir, ignore_errors=True)
-        os.makedirs(os.path.dirname(rec_dir), exist_ok=True)
-        os.replace(tmp, rec_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        write_atomic(os.path.join(tmp, "command.txt"), command + "\n")
 
 
 def read_run(path):

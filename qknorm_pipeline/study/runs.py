@@ -15,6 +15,7 @@ from .. import evaluate as evaluate_step
 from .. import recipes
 from .. import train as train_step
 from ..cli import UserError, log
+from ..names import run_name
 from ..paths import ROOT, short
 from . import config, records
 
@@ -44,20 +45,7 @@ def plan(cfg, run, rec, where, max_update=None):
         return train_step.plan(pair, run.system, opts, where, recipe=rec)
     data_bin, save_dir = os.path.join(where.data_bin, pair), os.path.join(where.ckpt, pair, run.name)
     args = config.stock_args(cfg, run, rec, data_bin, save_dir, max_update)
-    gpu = train_step.has_gpu()
-    args += [] if gpu else ["--cpu"]
-    # torch >= 2.6 loads with weights_only=True, which refuses fairseq 0.12's checkpoints (they pickle
-    # an argparse.Namespace), so plain fairseq-train could not resume; our runs get an allow-list
-    # from the plugin (qknorm_fairseq/checkpoint_compat.py), which this row must not load. It only
-    # ever loads the checkpoints it wrote itself, in its own save dir.
-    env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
-    # fairseq-train itself cannot train in bf16 without TPUs (qknorm_pipeline/fairseq_train.py, fix 1):
-    # a bf16 stock row is started as train.sh starts ours, with no --user-dir
-    launcher = ["fairseq-train"] if cfg.precision == "fp32" else [sys.executable, "-m", "qknorm_pipeline.fairseq_train"]
-    return train_step.Run(pair, run.system, run.name, [*launcher, *args], args, save_dir,
-                          os.path.join(where.logs, pair, run.name, "train.log"),
-                          int(train_step.last_value(args, "--max-update")),
-                          f"{'GPU' if gpu else 'CPU'} ({cfg.precision})", env)
+    return train_step.plan_stock(pair, run.system, run.name, args, cfg.precision, where)
 
 
 def record_text(cfg, planned, rec, where):
@@ -120,7 +108,7 @@ def waiting_text(cfg, waiting, records_dir):
     grid = ", ".join(f"{lr:g}" for lr in cfg.lr_grid)
     lines = []
     for system, seeds in waiting.items():
-        done = sum(os.path.isfile(os.path.join(records_dir, config.run_name(system, 1, lr=lr), "command.txt"))
+        done = sum(os.path.isfile(os.path.join(records_dir, run_name(system, 1, lr=lr), "command.txt"))
                    for lr in cfg.lr_grid)
         lines.append(f"== {system} seeds {', '.join(map(str, seeds))}: at {system}'s best learning rate of the grid "
                      f"({grid}) by dev BLEU, named once its {len(cfg.lr_grid)} grid runs are recorded ({done} of "

@@ -9,6 +9,7 @@ import http.server
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -405,7 +406,7 @@ def test_progress_lines_when_not_a_terminal(tmp_path, http_url, site, monkeypatc
     monkeypatch.setattr(fetch, "BLOCK", 1024)
     size = (site / "ok/ted_talks.tar.gz").stat().st_size
     fetch.fetch(f"{http_url}/ok/ted_talks.tar.gz", str(tmp_path / "t.tar.gz"))
-    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("[corpora] ted_talks.tar.gz: ")]
+    lines = [x for x in capfd.readouterr().err.splitlines() if re.match(r"\[download [\d:]+\] ted_talks\.tar\.gz: ", x)]
     assert len(lines) >= size // 1024
     assert "(100%)" in lines[-1] and "MiB/s, ETA 0:00" in lines[-1] and f"of {size / (1 << 20):.1f} MiB" in lines[-1]
 

@@ -2,13 +2,14 @@
 import json
 import os
 import re
+import subprocess
 import sys
 
 import pytest
 
 from qknorm_fairseq.architectures import PRESETS as ARCHS
 
-from helpers import REPO, USER_DIR, fairseq, fairseq_inprocess, run, train_args
+from helpers import REPO, USER_DIR, environment, fairseq, fairseq_inprocess, run, train_args
 
 
 def losses(log):
@@ -71,12 +72,20 @@ def test_validate_loads_checkpoint(tiny_data, trained):
     assert re.search(r"valid on 'valid' subset \| loss [\d.]+", proc.stdout + proc.stderr)
 
 
-def test_interactive_loads_checkpoint(tiny_data, trained):
+def test_interactive_translates_every_input_line(tiny_data, trained):
     save_dir, _ = trained["transformer_scalenorm"]
-    proc = run([os.path.join(os.path.dirname(sys.executable), "fairseq-interactive"), str(tiny_data / "bin"),
-                "--user-dir", USER_DIR, "--path", str(save_dir / "checkpoint_best.pt"), "--beam", "2",
-                "--source-lang", "src", "--target-lang", "tgt"], check=False)
+    sources = (tiny_data / "raw" / "test.src").read_text().splitlines()[:5]
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-interactive"), str(tiny_data / "bin"),
+                           "--user-dir", USER_DIR, "--path", str(save_dir / "checkpoint_best.pt"), "--beam", "2",
+                           "--source-lang", "src", "--target-lang", "tgt"], input="\n".join(sources) + "\n",
+                          capture_output=True, text=True, env=environment())
     assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split("\t")[1] for line in lines if line.startswith("S-")] == sources
+    hyps = [line.split("\t") for line in lines if line.startswith("H-")]
+    assert [h[0] for h in hyps] == [f"H-{i}" for i in range(5)]
+    # a score and a translation of target-side words (the target vocabulary is v0..v23)
+    assert all(float(h[1]) < 0 and h[2] and all(w.startswith("v") for w in h[2].split()) for h in hyps), hyps
 
 
 def test_installed_package_as_user_dir(tiny_data, trained, tmp_path):

@@ -52,7 +52,6 @@ def check_data_bin(root, pair, src, tgt, bpe_marker):
                 lengths += list(sizes)
         assert stats["lines"][split]["kept"] == len(lines(tok / f"{split}.{src}"))
     assert stats["length_p97.5"] == pytest.approx(np.percentile(lengths, 97.5))
-    assert stats["qknorm_g0"] == pytest.approx(np.log2(stats["length_p97.5"] ** 2 - stats["length_p97.5"]))
     # target vocabulary: decode the binarized target side through the joined dictionary
     symbols = [x.split()[0] for x in lines(out / f"dict.{tgt}.txt")]
     assert symbols == [x.split()[0] for x in lines(out / f"dict.{src}.txt")]  # joined
@@ -62,8 +61,8 @@ def check_data_bin(root, pair, src, tgt, bpe_marker):
     seen = {int(i) for k in range(len(ds)) for i in ds[k]}
     del ds
     decoded = {symbols[i - specials] for i in seen if i >= specials}
-    assert set(stats["target_vocab"]) == decoded and stats["target_vocab_size"] == len(decoded)
-    assert any(bpe_marker in s for s in stats["target_vocab"])  # subwords really were made
+    assert stats["target_vocab_size"] == len(decoded)
+    assert any(bpe_marker in s for s in decoded)  # subwords really were made
     return stats
 
 

@@ -44,7 +44,7 @@ def test_train_sh_refuses_bad_input():
         "qknorm, lpqknorm, dnas, hnas (see bash scripts/train.sh --help)"]
     p = _train_sh("--precision", "fp8", "gl-en", "qknorm")
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-        "[train] error: --precision must be fp32, fp16 or bf16, got 'fp8' (see bash scripts/train.sh --help)"]
+        "[train] error: --precision must be one of fp32, bf16, fp16, got 'fp8' (see bash scripts/train.sh --help)"]
 
 
 def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):

@@ -17,7 +17,7 @@ DOORS = {os.path.basename(p): m for p in SCRIPTS for m in re.findall(r"^door (qk
 # python -m entry points, with their sub-commands
 MODULES = {"recipes": ["get", "train-args", "generate-args", "systems", "schedules"],
            "scoring": [], "scoring.compare": [], "plots": ["dev-bleu", "grad-norm", "scales", "attention"],
-           "data.demo": [], "benchmark": ["speed", "kernels", "fairseq-train"], "precision_check": [], "progress": ["train", "decode"],
+           "data.demo": [], "benchmark": ["speed", "kernels", "fairseq-train"], "precision_check": [],
            "fingerprint": [], "study": [], "ablation": [], "train": [], "evaluate": [], "prepare": [], "download": [],
            "reproduce": []}
 
@@ -102,7 +102,7 @@ USAGE_ERRORS = [
     ("train.sh", ["--bogus", "demo", "postnorm"], "unknown option --bogus before PAIR SYSTEM; fairseq flags go after"),
     ("train.sh", ["demo"], "need PAIR and SYSTEM"),
     ("train.sh", ["--precision"], "--precision needs a value"),
-    ("train.sh", ["--precision", "fp8", "demo", "postnorm"], "--precision must be fp32, fp16 or bf16"),
+    ("train.sh", ["--precision", "fp8", "demo", "postnorm"], "--precision must be one of fp32, bf16, fp16"),
     ("train.sh", ["--dry-run", "demo", "nosuch"], "no system 'nosuch'"),
     ("train.sh", ["--dry-run", "nosuch", "postnorm"], "unknown pair 'nosuch': no configs/nosuch.yaml"),
     ("evaluate.sh", ["demo"], "need PAIR and SYSTEM"),
@@ -139,7 +139,6 @@ def test_script_usage_errors_are_one_line_and_exit_2(script, argv, message, tmp_
     ("scoring", ["--ref", "r.txt"], "the following arguments are required: --sys"),
     ("scoring.compare", ["--pair", "demo", "--results-dir", "x", "--metric", "nosuch"], "invalid choice: 'nosuch'"),
     ("plots", ["dev-bleu", "--pair", "demo"], "the following arguments are required: --out"),
-    ("progress", ["decode", "--log", "x"], "the following arguments are required: --total"),
     ("fingerprint", ["--file", "nosuch", "--", "x"], "--file nosuch does not exist"),
 ])
 def test_module_usage_errors_are_one_line_and_exit_2(module, argv, message):
@@ -158,104 +157,6 @@ def test_a_wrong_fairseq_flag_is_one_line_and_exit_2(tiny_data, tmp_path):
     errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
     assert p.returncode == 2 and len(errors) == 1, p.stderr
     assert "argument --criterion: invalid choice: 'nosuch'" in errors[0] and "Traceback" not in p.stderr
-
-
-# ---- the progress display ----
-
-def _record(kind, **fields):
-    import json
-
-    return f"2026-01-01 00:00:00 | INFO | {kind} | " + json.dumps({k: str(v) for k, v in fields.items()})
-
-
-FAKE_TRAIN = ["2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None}",
-              _record("train_inner", epoch=1, loss=5.5, lr=1e-4, ups=3.0, num_updates=10),
-              _record("train_inner", epoch=1, loss=4.5, lr=2e-4, ups=3.0, num_updates=20),
-              _record("valid", epoch=1, valid_loss=4.0, valid_bleu=12.5, valid_best_bleu=12.5, valid_num_updates=20),
-              "2026-01-01 00:00:00 | WARNING | qknorm_fairseq.lr_scheduler | our own warning stays visible",
-              _record("train_inner", epoch=2, loss=3.5, lr=3e-4, ups=3.0, num_updates=30),
-              _record("valid", epoch=2, valid_loss=3.0, valid_bleu=10.0, valid_best_bleu=12.5, valid_num_updates=30)]
-
-
-def test_training_progress_plain_lines_without_a_terminal(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text("# the command\n")
-    text = "\n".join(FAKE_TRAIN) + "\n"
-    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(log), "--max-update",
-                        "40", "--label", "demo/qknorm"], input=text, capture_output=True, text=True, env=env())
-    assert p.returncode == 0 and p.stdout == "", p.stderr
-    assert log.read_text() == "# the command\n" + text  # the whole fairseq output is kept, appended
-    lines = p.stderr.splitlines()
-    assert "\r" not in p.stderr and len(lines) == 4, lines
-    assert "our own warning stays visible" in lines[1]
-    assert re.search(r"^\[train \d\d:\d\d:\d\d\] demo/qknorm 20/40 updates  loss 4\.500  dev BLEU 12\.50  "
-                     r"lr 2\.00e-04  [\d.]+ upd/s  ETA \d+:\d\d$", lines[0]), lines[0]
-    assert "demo/qknorm 30/40 updates  loss 3.500  dev BLEU 10.00" in lines[2]
-    assert re.search(r"demo/qknorm: 30 updates in \d+:\d\d, loss 3\.500, best dev BLEU 12\.50 \(update 20\)$",
-                     lines[3]), lines[3]
-
-
-def test_python_warnings_counted_in_one_line_for_a_program_we_do_not_control(tmp_path):
-    warnings = ["/venv/hydra/experimental/initialize.py:43: UserWarning: hydra.experimental.initialize() is old",
-                "  warnings.warn(",
-                "sys:1: UserWarning: ",
-                "/venv/fairseq/tasks/fairseq_task.py:531: FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated"]
-    text = "\n".join(FAKE_TRAIN[:1] + warnings + FAKE_TRAIN[1:]) + "\n"
-    cmd = [sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(tmp_path / "t.log"),
-           "--max-update", "40", "--label", "gl-en/stock"]
-    shown = subprocess.run(cmd, input=text, capture_output=True, text=True, env=env())
-    assert shown.returncode == 0 and shown.stderr.count("Warning: ") == 3, shown.stderr
-    counted = subprocess.run(cmd + ["--python-warnings", "count"], input=text, capture_output=True, text=True, env=env())
-    lines = counted.stderr.splitlines()
-    assert counted.returncode == 0 and "Warning: " not in counted.stderr, counted.stderr
-    assert re.search(r"^\[train [\d:]+\] 3 Python warnings from the run's libraries, not shown; full text in "
-                     + re.escape(str(tmp_path / "t.log")) + "$", lines[0]), lines
-    assert "gl-en/stock 20/40 updates" in lines[1] and "our own warning stays visible" in lines[2]
-    assert (tmp_path / "t.log").read_text() == text * 2  # both runs appended every line
-    # a run that stops before its first record still says how many it hid
-    early = subprocess.run(cmd + ["--python-warnings", "count"], input=warnings[0] + "\n", capture_output=True,
-                           text=True, env=env())
-    assert early.returncode == 0 and "1 Python warning from the run's libraries" in early.stderr, early.stderr
-
-
-def test_periodic_lines_do_not_repeat_a_validation_line(tmp_path):
-    records = []
-    for u in range(10, 61, 10):
-        records.append(_record("train_inner", loss=1.0, lr=1e-3, ups=1.0, num_updates=u))
-        records.append("2026-01-01 00:00:00 | INFO | fairseq.trainer | begin training epoch 2")  # no line
-        if u % 20 == 0:
-            records.append(_record("valid", valid_loss=1.0, valid_bleu=u, valid_best_bleu=u, valid_num_updates=u))
-    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(tmp_path / "t.log"),
-                        "--every", "0", "--max-update", "60"], input="\n".join(records) + "\n", capture_output=True,
-                       text=True, env=env())
-    shown = re.findall(r"train (\d+)/60 updates", p.stderr)
-    # every record is due a line (--every 0), but once the validation interval (20) is known, the
-    # train_inner record of a validation's update leaves the line to the validation
-    assert shown == ["10", "20", "20", "30", "40", "50", "60"], p.stderr
-
-
-def test_training_progress_bar_on_a_terminal_and_verbose_echo(tmp_path):
-    text = "\n".join(FAKE_TRAIN) + "\n"
-    cmd = [sys.executable, "-m", "qknorm_pipeline.progress", "train", "--log", str(tmp_path / "a.log"),
-           "--max-update", "40", "--label", "x"]
-    bar = subprocess.run(cmd, input=text.encode(), capture_output=True, env=env(QKNORM_PROGRESS="bar"))
-    drawn = bar.stderr.decode()
-    assert bar.returncode == 0 and "\r" in drawn and "x 30/40 updates |" in drawn, drawn
-    assert "loss 3.500  dev BLEU 10.00  lr 3.00e-04" in drawn
-    verbose = subprocess.run(cmd, input=text, capture_output=True, text=True, env=env(VERBOSE="1"))
-    assert verbose.returncode == 0 and all(line in verbose.stderr for line in FAKE_TRAIN)
-
-
-def test_decoding_progress_counts_sentences(tmp_path):
-    out = tmp_path / "generate.out"
-    text = "".join(f"S-{i}\tsrc\nT-{i}\tref\nH-{i}\t-0.1\thyp\n" for i in range(5)) + "Generate test with beam=4\n"
-    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.progress", "decode", "--log", str(out), "--total",
-                        "5", "--label", "demo/qknorm", "--tag", "evaluate", "--every", "0"], input=text,
-                       capture_output=True, text=True, env=env())
-    assert p.returncode == 0 and out.read_text() == text
-    lines = p.stderr.splitlines()
-    assert [ln.split("] ", 1)[1] for ln in lines[:5]] == [f"demo/qknorm {i}/5 sentences decoded" for i in range(1, 6)]
-    assert re.search(r"^\[evaluate [\d:]+\] demo/qknorm: decoded 5/5 sentences in", lines[5])
 
 
 # ---- results are reused only when nothing changed ----

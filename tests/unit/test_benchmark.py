@@ -131,7 +131,7 @@ def _fake_fairseq(tmp_path, last_update, die):
     """A command that logs train_inner records up to LAST_UPDATE (ups = update / 10), then exits or aborts."""
     code = ("import json, os\n"
             f"for u in range(1, {last_update} + 1):\n"
-            "    print('INFO | train_inner | ' + json.dumps({'num_updates': str(u), 'ups': str(u / 10)}), flush=True)\n"
+            "    print('INFO | train_inner | ' + json.dumps({'loss': '5.0', 'num_updates': str(u), 'ups': str(u / 10)}), flush=True)\n"
             + ("os.abort()\n" if die else ""))
     return [sys.executable, "-c", code]
 
@@ -147,25 +147,27 @@ def test_throughput_keeps_a_whole_measurement_whose_process_died_on_exit(tmp_pat
         throughput.time_one(_fake_fairseq(tmp_path, 4, die=True), None, 2, 6)  # died before its last update
 
 
-def test_throughput_stock_row_is_the_study_stock_recipe_at_the_pair_recipe_size():
+def test_throughput_stock_row_is_the_stock_recipe_at_the_pair_recipe_size():
     from qknorm_pipeline import recipes
     from qknorm_pipeline.benchmark import throughput
-    from qknorm_pipeline.study import config
 
     cfg = recipes.load("gl-en")
     cmd = throughput.stock_command(cfg, "bin", "save", gpu=False, precision="fp32")
     got = {a: cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a.startswith("--") and not cmd[i + 1].startswith("--")}
-    study = config.load(config.DEFAULT)
-    for key, value in study.stock.flags.items():
+    for key, value in {**cfg.stock.flags, **cfg.stock.iwslt}.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             assert flag in cmd
         elif key != "max_tokens":
             assert got[flag] == str(value), key
-    # the model size and batch are the pair recipe's, not the study's
+    assert got["--arch"] == recipes.STOCK_ARCH and got["--warmup-updates"] == str(cfg.stock.warmup_updates) == "4000"
+    # the model size and batch are the pair recipe's
     assert (got["--encoder-embed-dim"], got["--decoder-ffn-embed-dim"], got["--encoder-layers"]) == (
         str(cfg.model.embed_dim), str(cfg.model.ffn_dim), str(cfg.model.encoder_layers))
     assert got["--max-tokens"] == str(cfg.train.max_tokens) and cmd.count("--max-tokens") == 1
     # started as train.sh starts ours (fairseq-train itself cannot run --bf16 without TPUs), no plugin
-    assert "--user-dir" not in cmd and cmd[-1] == "--cpu" and cmd[1:3] == ["-m", "qknorm_pipeline.fairseq_train"]
-    assert throughput.stock_command(cfg, "bin", "save", gpu=False, precision="bf16")[-2:] == ["--cpu", "--bf16"]
+    assert "--user-dir" not in cmd and "--cpu" in cmd and cmd[1:3] == ["-m", "qknorm_pipeline.fairseq_train"]
+    assert got["--save-dir"] == "save" and got["--seed"] == str(cfg.train.seed)
+    bf16 = throughput.stock_command(cfg, "bin", "save", gpu=False, precision="bf16")
+    assert bf16[bf16.index("--cpu") + 1] == "--bf16" and "--cpu" not in throughput.stock_command(
+        cfg, "bin", "save", gpu=True, precision="bf16")

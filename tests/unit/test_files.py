@@ -24,3 +24,19 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     files.write_atomic(path, "new\n")
     assert path.read_text() == "new\n" and os.listdir(tmp_path / "sub") == ["table.md"]
 
+
+
+def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "pair" / "raw"
+    with files.atomic_dir(out) as tmp:
+        files.write_atomic(os.path.join(tmp, "a.txt"), "old\n")
+    with pytest.raises(RuntimeError):
+        with files.atomic_dir(out) as tmp:
+            files.write_atomic(os.path.join(tmp, "b.txt"), "half\n")
+            raise RuntimeError("disk full")
+    assert os.listdir(out) == ["a.txt"] and os.listdir(tmp_path / "pair") == ["raw"]
+    # staged elsewhere (a study's record: outside the folder that compare lists)
+    with files.atomic_dir(out, stage_in=tmp_path / "stage") as tmp:
+        assert os.path.dirname(tmp) == str(tmp_path / "stage")
+        files.write_atomic(os.path.join(tmp, "b.txt"), "new\n")
+    assert os.listdir(out) == ["b.txt"] and os.listdir(tmp_path / "stage") == []

@@ -99,6 +99,17 @@ def test_bad_config_errors():
         make(lr=[1e-3, 2e-3])
 
 
-def test_active_scheduler_is_the_last_built():
-    s = make()
-    assert active_scheduler() is s
+def test_lr_over_a_run_with_validations():
+    """The LR the optimizer holds at every update of a run validated every 50 updates, against
+    lr(n) = peak * n / warmup for n < warmup, then peak * factor ** (decays before n)."""
+    s = make(warmup_updates=100, lr=[2e-3], decay_factor=0.5)
+    assert active_scheduler() is s  # the one the task's post_validate hook feeds
+    bleu = {50: 10, 100: 12, 150: 11, 200: 11.5, 250: 9, 300: 8, 350: 12}
+    decays = [250, 300]  # by hand: 9 < min(12, 11, 11.5), 8 < min(11, 11.5, 9); 12 is not
+    for n in range(1, 401):
+        s.step_update(n)
+        expected = 2e-3 * n / 100 if n < 100 else 2e-3 * 0.5 ** sum(d < n for d in decays)
+        assert s.optimizer.get_lr() == pytest.approx(expected, rel=1e-12), n
+        if n in bleu:
+            s.on_validation(bleu[n], n)
+    assert s.decay_updates == decays

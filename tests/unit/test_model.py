@@ -159,8 +159,7 @@ def test_norm_types_and_placement(tiny_data):
     model, _ = build(tiny_data / "bin", "transformer_rmsnorm")
     assert sum(isinstance(m, RMSNorm) for m in model.modules()) == 12
     model, _ = build(tiny_data / "bin", "transformer_hnas")
-    us = [layer.self_attn.hnas_u.item() for layer in model.encoder.layers]
-    assert us == [0.5, 0.5]
+    assert [layer.self_attn.weights for layer in model.encoder.layers] == ["hnas", "hnas"]
     assert model.decoder.layers[0].self_attn.weights == "softmax"
 
 
@@ -173,6 +172,23 @@ def test_norm_types_and_placement(tiny_data):
 def test_invalid_combinations(tiny_data, flags, message):
     with pytest.raises(ValueError, match=message):
         build(tiny_data / "bin", "transformer_qknorm", *flags)
+
+
+@pytest.mark.parametrize("arch,flags,message", [
+    ("transformer_rmsnorm", ["--scalenorm-fixed-g"], "--scalenorm-fixed-g has no effect without --norm-type scalenorm"),
+    ("transformer_prenorm", ["--qknorm-p", "3"], "--qknorm-p has no effect without a QKNorm attention"),
+    ("transformer_hnas", ["--qknorm-g0", "5"], "--qknorm-g0 has no effect without a QKNorm attention"),
+])
+def test_flags_without_effect_are_rejected(tiny_data, arch, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(tiny_data / "bin", arch, *flags)
+
+
+def test_the_resolved_g0_is_the_declared_flag(tiny_data):
+    # the scripts give every system the paper's L, QKNorm or not
+    build(tiny_data / "bin", "transformer_prenorm", "--qknorm-length", "79")
+    model, _ = build(tiny_data / "bin", "transformer_qknorm", "--qknorm-length", "79")
+    assert model.args.qknorm_g0 == pytest.approx(math.log2(79 * 78)) and not hasattr(model.args, "qknorm_g0_value")
 
 
 def test_fixnorm_needs_shared_embeddings(tiny_data):

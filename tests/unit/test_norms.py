@@ -4,10 +4,8 @@ import math
 import pytest
 import torch
 
-from qknorm_fairseq.attention import NormAttention
 from qknorm_fairseq.fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
-from qknorm_fairseq.norms import RMSNorm, ScaleNorm, build_norm
-from qknorm_fairseq.smallinit import init_small
+from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
 
 def test_scalenorm_definition():
@@ -92,15 +90,6 @@ def test_scalenorm_fixed_g_gets_no_gradient_and_keeps_bf16():
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
     assert x.grad is not None and norm.g.grad is None
-
-
-def test_build_norm_rejects_unknown_type():
-    try:
-        build_norm("batchnorm", 8)
-    except ValueError as e:
-        assert "layernorm, scalenorm, rmsnorm" in str(e)
-    else:
-        raise AssertionError("no error")
 
 
 def test_fixnorm_embedding():
@@ -188,14 +177,3 @@ def test_fixnorm_cache_sees_optimizer_updates_through_data():
         second = emb(tokens)
     assert torch.allclose(second, emb.weight[3].detach() / emb.weight[3].detach().norm())
     assert not torch.allclose(first, second)
-
-
-def test_smallinit_statistics():
-    torch.manual_seed(0)
-    d = 512
-    attn = NormAttention(d, 8, self_attention=True)
-    init_small(attn, d)
-    for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
-        assert abs(proj.weight.std().item() / math.sqrt(2 / (5 * d)) - 1) < 0.02
-        assert abs(proj.weight.mean().item()) < 1e-3
-        assert proj.bias.abs().sum() == 0

@@ -1,28 +1,51 @@
-"""--positions: the original code bases' fixed tables against a direct computation of their formula."""
+"""--positions: the plugin's position tables against the formulas of the papers and of fairseq,
+written out here element by element."""
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from helpers import batch, build
 
 
-def original_formula(length, dim, odd_is_sin):
-    """utils.get_positional_encoding of the TwT / QKNorm repositories, written out element by element."""
-    table = np.zeros((length, dim))
-    for n in range(length):
-        for j in range(dim):
-            angle = n * 10000.0 ** (-2.0 * (j // 2) / dim)
-            table[n, j] = math.sin(angle) if j % 2 == 0 or odd_is_sin else math.cos(angle)
+def vaswani(length, dim):
+    """Vaswani et al. (2017) Sec. 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same)."""
+    table = torch.zeros(length, dim)
+    for pos in range(length):
+        for i in range(dim // 2):
+            table[pos, 2 * i] = math.sin(pos / 10000 ** (2 * i / dim))
+            table[pos, 2 * i + 1] = math.cos(pos / 10000 ** (2 * i / dim))
     return table
 
 
-@pytest.mark.parametrize("kind", ["qknorm", "twt"])
-def test_position_k_of_each_sentence_gets_row_k_of_the_original_table(tiny_data, kind):
+def qknorm_code(length, dim):
+    """The QKNorm repository's table: Vaswani's sines, repeated on the odd dimensions in place of cosines."""
+    even = vaswani(length, dim)[:, 0::2]
+    return torch.stack([even, even], dim=-1).reshape(length, dim)
+
+
+def fairseq_table(length, dim, padding_idx=1):
+    """fairseq's SinusoidalPositionalEmbedding: all sines, then all cosines, frequencies
+    10000^(-i / (dim/2 - 1)), and a sentence's first token at position padding_idx + 1, not 0."""
+    half = dim // 2
+    table = torch.zeros(length, dim)
+    for n in range(length):
+        pos = n + padding_idx + 1
+        for i in range(half):
+            table[n, i] = math.sin(pos * 10000 ** (-i / (half - 1)))
+            table[n, half + i] = math.cos(pos * 10000 ** (-i / (half - 1)))
+    return table
+
+
+TABLES = {"twt": vaswani, "qknorm": qknorm_code, "fairseq": fairseq_table}
+
+
+@pytest.mark.parametrize("kind", ["qknorm", "twt", "fairseq"])
+def test_position_k_of_each_sentence_gets_row_k_of_the_table(tiny_data, kind):
     model, task = build(tiny_data / "bin", "transformer_qknorm", "--positions", kind)
     src, _, prev = batch(task, src_len=9)
-    expected = torch.tensor(original_formula(40, 32, odd_is_sin=kind == "qknorm"), dtype=torch.float)
+    assert task.source_dictionary.pad() == 1
+    expected = TABLES[kind](40, 32)
     for module, tokens in ((model.encoder, src), (model.decoder, prev)):
         got = module.embed_positions(tokens)
         for b in range(tokens.size(0)):
@@ -31,9 +54,12 @@ def test_position_k_of_each_sentence_gets_row_k_of_the_original_table(tiny_data,
             assert not got[b, tokens[b] == task.source_dictionary.pad()].any()
 
 
-def test_the_qknorm_table_repeats_each_even_dimension():
-    t = original_formula(10, 8, odd_is_sin=True)
-    assert np.array_equal(t[:, 0::2], t[:, 1::2]) and not np.array_equal(t[:, 0::2], original_formula(10, 8, False)[:, 1::2])
+def test_the_three_tables_differ_as_documented():
+    # qknorm: odd dimensions repeat the even ones, so it is not Vaswani's table; fairseq's orders
+    # the dimensions differently and spaces its frequencies differently
+    assert not torch.allclose(qknorm_code(10, 8), vaswani(10, 8), atol=0.1)
+    assert not torch.allclose(fairseq_table(10, 8), vaswani(10, 8), atol=0.1)
+    assert not torch.allclose(fairseq_table(10, 8)[:, :4], vaswani(10, 8)[:, 0::2], atol=0.1)
 
 
 def test_long_inputs_extend_the_original_table(tiny_data):
@@ -41,7 +67,7 @@ def test_long_inputs_extend_the_original_table(tiny_data):
                         "--max-source-positions", "8", "--max-target-positions", "8")
     tokens = torch.full((1, 20), task.source_dictionary.unk())
     got = model.encoder.embed_positions(tokens)
-    assert torch.allclose(got[0], torch.tensor(original_formula(20, 32, True), dtype=torch.float), atol=1e-5)
+    assert torch.allclose(got[0], qknorm_code(20, 32), atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["fairseq", "qknorm"])

@@ -68,7 +68,7 @@ def test_train_args_parse_with_fairseq_for_every_system_and_schedule(pair):
         rule = cfg.stopping[cfg.systems[system].stopping]
         assert (ns.patience, ns.decay_stop_lr if ns.lr_scheduler == "val_decay" else rule.stop_lr) == (
             rule.patience, rule.stop_lr)
-        assert ns.positions == ("qknorm" if cfg.systems[system].qknorm else "fairseq")
+        assert ns.positions == ("qknorm" if system in ("qknorm", "lpqknorm") else "fairseq")
         assert ns.length_norm == "gnmt" and ns.gnmt_alpha == 0.6 and ns.maximize_best_checkpoint_metric
         assert ns.beam_search == "twt"
         assert ns.best_checkpoint_metric == "bleu" and ns.eval_bleu
@@ -135,8 +135,6 @@ def test_errors_name_the_problem(tmp_path, monkeypatch):
         recipes.train_args(gl, "nosuch")
     with pytest.raises(recipes.RecipeError, match="no schedule 'fast'; known: valdecay"):
         recipes.train_args(gl, "scalenorm", "fast")
-    with pytest.raises(recipes.RecipeError, match="does not use QKNorm"):
-        recipes.train_args(gl, "scalenorm", paper_qknorm_length=True)
     with pytest.raises(recipes.RecipeError, match="has no model.qknorm_length"):
         recipes.train_args(recipes.load("demo"), "qknorm", paper_qknorm_length=True)
     with pytest.raises(recipes.RecipeError, match="unknown pair 'xx-yy'.*bash scripts/prepare.sh --pair xx-yy"):
@@ -147,6 +145,57 @@ def test_errors_name_the_problem(tmp_path, monkeypatch):
     (tmp_path / "xx-yy.yaml").write_text("src: xx\ntgt: yy\nmodel:\n  embed_dims: 256\n")
     with pytest.raises(recipes.RecipeError, match=r"configs/xx-yy.yaml over configs/base.yaml: model.embed_dims"):
         recipes.load("xx-yy")
+    # a choice outside its enum: the field, the value and the choices, on one line
+    for text, field, bad, choices in (("decode:\n  length_norm: gnmx\n", "decode.length_norm", "gnmx", "fairseq, gnmt"),
+                                      ("decode:\n  beam_search: beam\n", "decode.beam_search", "beam", "fairseq, twt"),
+                                      ("systems:\n  qknorm: {positions: sin}\n", "systems.qknorm.positions", "sin",
+                                       "fairseq, twt, qknorm")):
+        (tmp_path / "xx-yy.yaml").write_text("src: xx\ntgt: yy\n" + text)
+        with pytest.raises(recipes.RecipeError) as e:
+            recipes.load("xx-yy")
+        assert "\n" not in str(e.value) and f"{field}: Invalid value '{bad}', expected one of [{choices}]" in str(e.value)
+
+
+def test_the_pipelines_choices_are_the_plugins():
+    """The plugin cannot import the pipeline: its lists of choices are checked against the recipes' here."""
+    from qknorm_fairseq.config import QKNormConfig
+    from qknorm_fairseq.task import TranslationQKConfig
+
+    def choices(config, name):  # a ChoiceEnum field's choices, in their order
+        return tuple(config.__dataclass_fields__[name].type.__members__)
+
+    assert choices(TranslationQKConfig, "decode_precision") == recipes.PRECISIONS
+    assert choices(TranslationQKConfig, "length_norm") == tuple(e.value for e in recipes.LengthNorm)
+    assert choices(TranslationQKConfig, "beam_search") == tuple(e.value for e in recipes.BeamSearch)
+    assert choices(QKNormConfig, "positions") == tuple(e.value for e in recipes.Positions)
+
+
+def test_stock_args_parse_with_fairseq_without_the_plugin():
+    cfg = recipes.load("gl-en")
+    st = cfg.stock
+    args = recipes.stock_args(cfg, {**st.flags, **st.iwslt}, "data-bin/gl-en", "/tmp/x", 3,
+                              ["--warmup-updates", str(st.warmup_updates)])
+    assert "--user-dir" not in args and "--task" not in args
+    ns = _parse(args)
+    assert (ns.arch, ns.task, ns.seed, ns.warmup_updates, ns.lr[0], ns.clip_norm) == (
+        recipes.STOCK_ARCH, "translation", 3, 4000, 5e-4, 0.0)
+    assert ns.eval_bleu and ns.best_checkpoint_metric == "bleu" and ns.keep_interval_updates == 1
+    assert ns.eval_bleu_remove_bpe == "@@ " and ns.save_dir == "/tmp/x" and ns.log_format == "json"
+
+
+def test_train_help_lists_what_the_configs_hold(tmp_path, monkeypatch):
+    from qknorm_pipeline import train
+
+    base = open(os.path.join(REPO, "configs", "base.yaml")).read()
+    base = base.replace("\nschedules:", "\nschedules:\n  myschedule: {scheduler: inverse_sqrt, warmup_updates: 10, lr: 1.0e-3}")
+    base = base.replace("\nsystems:", "\nsystems:\n  mysystem: {arch: transformer_postnorm, stopping: twt_paper}")
+    (tmp_path / "base.yaml").write_text(base)
+    (tmp_path / "zz-en.yaml").write_text("src: zz\ntgt: en\n")
+    monkeypatch.setattr(recipes, "CONFIG_DIR", str(tmp_path))
+    text = " ".join(train.parser().format_help().split())
+    assert "configs/PAIR.yaml (zz-en)" in text and "mysystem postnorm" in text
+    assert "(myschedule, valdecay," in text and "(twt_paper, twt_code, qknorm)" in text
+    assert "fp32|bf16|fp16" in text
 
 
 def test_generate_args_parse_with_fairseq():
@@ -185,3 +234,14 @@ def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, 
             assert got == expected, f"{call} {pair}"
             checked += 1
     assert checked == 203
+
+
+def test_the_recipes_import_nothing_above_them():
+    """recipes.py sits below data/ (data/download.py and data/stats.py import it), so it imports no data/ module."""
+    import subprocess
+    import sys
+
+    code = ("import sys, qknorm_pipeline.recipes\n"
+            "print(' '.join(m for m in sys.modules if m.startswith(('qknorm_pipeline.data', 'fairseq'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""

@@ -11,6 +11,8 @@ from scipy import stats as scipy_stats
 from qknorm_pipeline.scoring import bleu
 from qknorm_pipeline.scoring.significance import (
     approximate_randomization,
+    bootstrap_floor,
+    bootstrap_p,
     format_p,
     holm,
     paired_bootstrap,
@@ -38,8 +40,8 @@ def test_identical_systems_p_near_one():
     refs, noisy = _corpus()
     hyp = noisy(0.3)
     st = bleu.multi_bleu(hyp, [refs]).stats
-    assert paired_bootstrap(st, st, n_samples=300)["p_value"] == pytest.approx(1.0)
-    assert approximate_randomization(st, st, n_samples=300)["p_value"] == pytest.approx(1.0)
+    assert paired_bootstrap(st, st, n_samples=300)["p_two_sided"] == pytest.approx(1.0)
+    assert approximate_randomization(st, st, n_samples=300)["p_two_sided"] == pytest.approx(1.0)
 
 
 def test_clearly_better_system_is_significant():
@@ -47,11 +49,20 @@ def test_clearly_better_system_is_significant():
     good = bleu.multi_bleu(noisy(0.1), [refs])
     bad = bleu.multi_bleu(noisy(0.5), [refs])
     res = paired_bootstrap(good.stats, bad.stats, n_samples=1000)
-    assert res["p_value"] < 0.01
+    assert res["p_two_sided"] == bootstrap_floor(1000)
     assert res["delta"] == pytest.approx(good.score - bad.score)
-    # one-sided: the worse system is not better than the baseline
-    assert paired_bootstrap(bad.stats, good.stats, n_samples=200)["p_value"] > 0.99
-    assert approximate_randomization(good.stats, bad.stats, n_samples=500)["p_value"] < 0.01
+    # two-sided: a clearly worse system is as significant, with the opposite delta
+    worse = paired_bootstrap(bad.stats, good.stats, n_samples=1000)
+    assert worse["p_two_sided"] == bootstrap_floor(1000) and worse["delta"] == pytest.approx(-res["delta"])
+    assert approximate_randomization(good.stats, bad.stats, n_samples=500)["p_two_sided"] < 0.01
+
+
+def test_bootstrap_p_is_twice_the_smaller_tail():
+    # tails with the +1 correction: d <= 0 in 1 + 1 of 5, d >= 0 in 4 + 1; p = 2 * 2 / 6
+    assert bootstrap_p(np.array([-1.0, 2.0, 3.0, 4.0, 5.0])) == pytest.approx(4 / 6)
+    assert bootstrap_p(np.array([-1.0, -2.0, -3.0, -4.0, 5.0])) == pytest.approx(4 / 6)
+    assert bootstrap_p(np.array([1.0, 2.0, 3.0])) == bootstrap_floor(3) == 2 / 4
+    assert bootstrap_p(np.array([0.0, 1.0, -1.0])) == 1.0  # at most 1
 
 
 def test_resampled_scores_match_direct_scoring():
@@ -68,8 +79,8 @@ def test_seed_reproducible_and_sacrebleu_metric():
     refs, noisy = _corpus(2)
     a, b = noisy(0.25), noisy(0.3)
     sa, sb = bleu.multi_bleu(a, [refs]).stats, bleu.multi_bleu(b, [refs]).stats
-    p1 = paired_bootstrap(sa, sb, n_samples=200, seed=7)["p_value"]
-    assert p1 == paired_bootstrap(sa, sb, n_samples=200, seed=7)["p_value"]
+    p1 = paired_bootstrap(sa, sb, n_samples=200, seed=7)["p_two_sided"]
+    assert p1 == paired_bootstrap(sa, sb, n_samples=200, seed=7)["p_two_sided"]
     _, _, st_a, metric = bleu.sacrebleu_score(a, [refs])
     _, _, st_b, _ = bleu.sacrebleu_score(b, [refs])
     fn = lambda row: bleu.sacrebleu_from_stats(metric, row)  # noqa: E731
@@ -78,7 +89,8 @@ def test_seed_reproducible_and_sacrebleu_metric():
     idx = np.random.default_rng(7).integers(0, len(refs), size=(100, len(refs)))
     score = lambda hyps, i: sacrebleu.corpus_bleu([hyps[j] for j in i], [[refs[j] for j in i]]).score  # noqa: E731
     not_better = sum(score(a, i) <= score(b, i) for i in idx)
-    assert r["p_value"] == pytest.approx((not_better + 1) / 101)
+    not_worse = sum(score(a, i) >= score(b, i) for i in idx)
+    assert r["p_two_sided"] == pytest.approx(min(1, 2 * (min(not_better, not_worse) + 1) / 101))
     assert r == paired_bootstrap(st_a, st_b, n_samples=100, seed=7, score_fn=fn)
 
 
@@ -123,7 +135,6 @@ def test_seed_bootstrap_equals_the_procedure_written_out():
 
     d = drawn_means(sys_runs) - drawn_means(base_runs)
     res = seed_bootstrap(_package_layout(sys_runs), _package_layout(base_runs), n_samples=n_samples, seed=11)
-    assert res["p_value"] == pytest.approx((np.sum(d <= 0) + 1) / (n_samples + 1))
     assert res["p_two_sided"] == pytest.approx(min(1, 2 * (min(np.sum(d <= 0), np.sum(d >= 0)) + 1) / (n_samples + 1)))
     assert res["ci95"] == pytest.approx(list(np.percentile(d, [2.5, 97.5])))
     full = range(n)
@@ -145,17 +156,19 @@ def test_seed_bootstrap_matches_exhaustive_enumeration_on_a_tiny_case():
         c = sum(s) / 2
         return [c + 2 ** 0.5 * (x - c) for x in s]
 
-    not_better = total = 0
+    not_better = not_worse = total = 0
     for idx in itertools.product(range(3), repeat=3):
         ws, wb = widened(sys_runs, idx), widened(base_runs, idx)
         for ds in itertools.product(range(2), repeat=2):
             for db in itertools.product(range(2), repeat=2):
-                not_better += sum(ws[d] for d in ds) / 2 <= sum(wb[d] for d in db) / 2 + 1e-9
+                d = sum(ws[d] for d in ds) / 2 - sum(wb[d] for d in db) / 2
+                not_better += d <= 1e-9
+                not_worse += d >= -1e-9
                 total += 1
-    exact = not_better / total
-    assert 0.2 < exact < 0.8, "the case must not be trivial"
+    exact = 2 * min(not_better, not_worse) / total
+    assert 0.2 < exact < 0.95, "the case must not be trivial"
     res = seed_bootstrap(_package_layout(sys_runs), _package_layout(base_runs), n_samples=40000, seed=3)
-    assert res["p_value"] == pytest.approx(exact, abs=0.012)  # 4 standard errors
+    assert res["p_two_sided"] == pytest.approx(exact, abs=0.02)  # 4 standard errors
 
 
 def test_seed_means_have_the_variance_of_a_mean_of_new_seeds():
@@ -171,7 +184,7 @@ def test_seed_bootstrap_with_one_seed_is_the_paired_bootstrap():
     refs, noisy = _corpus(seed=5)
     a, b = bleu.multi_bleu(noisy(0.3), [refs]).stats, bleu.multi_bleu(noisy(0.35), [refs]).stats
     res = seed_bootstrap([a], [b], n_samples=500, seed=9)
-    assert res["p_value"] == paired_bootstrap(a, b, n_samples=500, seed=9)["p_value"]
+    assert res["p_two_sided"] == paired_bootstrap(a, b, n_samples=500, seed=9)["p_two_sided"]
     assert res["seeds"] == [1, 1]
 
 
@@ -181,9 +194,9 @@ def test_one_lucky_seed_is_not_significant():
     refs, noisy = _corpus(seed=2, n=300)
     good, bad = bleu.multi_bleu(noisy(0.1), [refs]).stats, bleu.multi_bleu(noisy(0.6), [refs]).stats
     base = [bleu.multi_bleu(noisy(0.35), [refs]).stats for _ in range(2)]
-    assert paired_bootstrap(good, base[0], n_samples=500)["p_value"] < 0.01
-    assert seed_bootstrap([good, bad], base, n_samples=2000)["p_value"] > 0.05
-    assert seed_bootstrap([good, good], base, n_samples=2000)["p_value"] < 0.01
+    assert paired_bootstrap(good, base[0], n_samples=500)["p_two_sided"] < 0.01
+    assert seed_bootstrap([good, bad], base, n_samples=2000)["p_two_sided"] > 0.05
+    assert seed_bootstrap([good, good], base, n_samples=2000)["p_two_sided"] < 0.01
 
 
 def test_format_p_shows_the_floor_as_a_bound():
@@ -213,7 +226,7 @@ def test_seed_t_test_is_welchs_test():
     assert res["t"] == pytest.approx(ref.statistic) and res["df"] == pytest.approx(ref.df)
     assert res["p_two_sided"] == pytest.approx(ref.pvalue)
     assert res["ci95"] == pytest.approx(list(ref.confidence_interval(0.95)))
-    assert res["p_value"] == pytest.approx(scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
+    assert seed_t_test(b, a)["p_two_sided"] == pytest.approx(res["p_two_sided"])  # either direction
     assert res["delta"] == pytest.approx(np.mean(a) - np.mean(b)) and res["seed_terms"] == ["own", "own"]
     # two seeds each: the study's fairseq_transformer against postnorm, one degree of freedom short of 3
     two = seed_t_test([3.28, 2.99], [1.12, 1.43])

@@ -252,8 +252,8 @@ def test_precision_is_checked_and_fp32_adds_no_flag(tmp_path, monkeypatch):
         args = study_runs.plan(cfg, run, rec, where).fairseq_args
         assert not {"--bf16", "--fp16", "--precision"} & set(args)
     bad = tmp_path / "bad.yaml"
-    bad.write_text(open(NORM).read().replace("precision: bf16", "precision: fp16"))
-    with pytest.raises(StudyError, match="precision 'fp16': use one of fp32, bf16"):
+    bad.write_text(open(NORM).read().replace("precision: bf16", "precision: fp8"))
+    with pytest.raises(StudyError, match="precision 'fp8': use one of fp32, bf16, fp16"):
         config.load(str(bad))
     both = tmp_path / "both.yaml"
     both.write_text(open(NORM).read() + "lr_multipliers: [2.0]\n")

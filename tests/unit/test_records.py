@@ -1,0 +1,26 @@
+"""qknorm_pipeline/study/records.py: a run's record is written whole or not at all."""
+import os
+
+import pytest
+
+from qknorm_pipeline.paths import ROOT
+from qknorm_pipeline.study.records import write_record
+
+
+def test_a_record_is_written_whole_or_not_at_all(tmp_path):
+    runs = tmp_path / "runs"
+    rec = runs / "gl-en" / "qknorm"
+    log = tmp_path / "train.log"
+    log.write_text(f"# 2026-01-01T12:00:00Z python {ROOT}{os.sep}x.py\n")
+    best = tmp_path / "best"
+    best.mkdir()
+    (best / "hyp.txt").write_text("a\n")
+    (best / "scores.json").write_text("{}\n")
+    write_record(str(rec), str(log), str(best), None, "train: x")
+    assert sorted(os.listdir(rec)) == ["command.txt", "hyp.txt", "scores.json", "train.log"]
+    assert (rec / "train.log").read_text() == "# 2026-01-01T12:00:00Z python x.py\n"  # no machine path
+    assert (rec / "command.txt").read_text() == "train: x\n"
+    with pytest.raises(FileNotFoundError):
+        write_record(str(rec), str(tmp_path / "missing.log"), str(best), None, "train: y")
+    assert (rec / "command.txt").read_text() == "train: x\n"  # the old record, untouched
+    assert os.listdir(runs) == ["gl-en"] and os.listdir(runs / "gl-en") == ["qknorm"]  # no temporary left
