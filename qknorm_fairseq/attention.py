@@ -195,7 +195,7 @@ class NormAttention(MultiheadAttention):
     _mask_cache = (None, None, None, None)
 
     def _additive_mask(self, key_padding_mask, attn_mask, dtype):
-        if torch.compiler.is_compiling():  # a compiled layer builds it inside its graph, fused
+        if torch.compiler.is_compiling():  # the cache's identity tests would cost a compiled layer a recompile
             return self._build_additive_mask(key_padding_mask, attn_mask, dtype)
         kpm, am, dt, mask = NormAttention._mask_cache
         if kpm is key_padding_mask and am is attn_mask and dt == dtype:
