@@ -7,7 +7,9 @@ fairseq's `transformer` at the recipe's model size with fairseq's IWSLT recipe (
 stock:), started by the same entry point as ours
 (qknorm_pipeline.fairseq_train, which bf16 on a CPU needs), so the rows differ only in model and
 recipe. The (system, precision) runs alternate, --reps times. A run's speed is the median of
-fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates. Then, once per
+fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates; the median of each
+epoch's `ups` is kept beside it (a GPU meets every batch shape for the first time in epoch 1 and
+pays for it there: cuDNN plans, allocator blocks, compiled graphs). Then, once per
 run, qknorm_pipeline/benchmark/step_profile.py counts one non-logging update: ATen ops by phase,
 host-device syncs, and the training split's batch shapes per epoch and padding fraction.
 Records are appended to --out (default: results/gpu/throughput.json on a GPU,
@@ -31,6 +33,7 @@ from ..paths import Folders, cpu_has_bf16, cpu_name, folders, shareable
 from ..recipes import STOCK
 from ..train import ENTRY
 
+CUDNN_ENV = "QKNORM_CUDNN_ATTENTION"  # qknorm_fairseq/cudnn_attention.py (not imported: it imports torch)
 HELP = "real fairseq-train updates/s of a pair's recipe against stock fairseq (writes throughput.json)"
 PROFILED_UPDATE = 6
 
@@ -72,9 +75,10 @@ def commands(opts, where, scratch):
 
 def recorded(cmd, scratch):
     """CMD as a record keeps it: this Python as `python`, the repository's paths relative to it, the
-    temporary folder as $SCRATCH."""
+    temporary folder as $SCRATCH, preceded by QKNORM_CUDNN_ATTENTION=... when it is set."""
     words = ["python" if w == sys.executable else shareable(w).replace(scratch, "$SCRATCH") for w in cmd]
-    return shlex.join(words)
+    env = [f"{CUDNN_ENV}={os.environ[CUDNN_ENV]}"] if CUDNN_ENV in os.environ else []
+    return shlex.join(env + words)
 
 
 def profile_one(cmd, env, scratch):
@@ -94,15 +98,19 @@ def profile_one(cmd, env, scratch):
 
 
 def time_one(cmd, env, warmup, updates):
-    """Median of fairseq's `ups` over the train_inner records after WARMUP updates."""
+    """(median of fairseq's `ups` over the train_inner records after WARMUP updates, {epoch: median
+    `ups` of that epoch's records}); the first record is in no epoch's median: it holds the start."""
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    ups, last = [], 0
+    ups, by_epoch, last = [], {}, 0
     for line in (p.stdout + p.stderr).splitlines():
         parsed = parse_line(line)
         if parsed and parsed[0] == "train_inner":
-            last = int(parsed[1]["num_updates"])
+            rec = parsed[1]
+            if last and "epoch" in rec:
+                by_epoch.setdefault(str(int(rec["epoch"])), []).append(rec["ups"])
+            last = int(rec["num_updates"])
             if last > warmup:
-                ups.append(parsed[1]["ups"])
+                ups.append(rec["ups"])
     if p.returncode != 0:
         if p.returncode > 0 or last < updates:
             raise UserError(f"{' '.join(cmd[:3])} ... failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
@@ -112,7 +120,7 @@ def time_one(cmd, env, warmup, updates):
                          f"{-p.returncode} on exit")
     if not ups:
         raise UserError(f"no train_inner record after update {warmup}: raise --updates or lower --log-interval")
-    return statistics.median(ups)
+    return statistics.median(ups), {e: statistics.median(v) for e, v in by_epoch.items()}
 
 
 def default_precisions(gpu):
@@ -136,11 +144,14 @@ def run(opts):
     with tempfile.TemporaryDirectory() as scratch:
         cmds = commands(opts, folders(), scratch)
         speeds = {key: [] for key in cmds}
+        epochs = {key: [] for key in cmds}
         for rep in range(1, opts.reps + 1):
             for (system, precision), (cmd, env) in cmds.items():
-                speeds[system, precision].append(time_one(cmd, env, opts.warmup, opts.updates))
-                log("benchmark", f"rep {rep}/{opts.reps} {system} {precision}: "
-                                 f"{speeds[system, precision][-1]:.2f} updates/s")
+                ups, by_epoch = time_one(cmd, env, opts.warmup, opts.updates)
+                speeds[system, precision].append(ups)
+                epochs[system, precision].append(by_epoch)
+                log("benchmark", f"rep {rep}/{opts.reps} {system} {precision}: {ups:.2f} updates/s "
+                                 f"(by epoch: {per_epoch(by_epoch)})")
         profiles = {}
         if opts.profile:
             for key, (cmd, env) in cmds.items():
@@ -148,7 +159,7 @@ def run(opts):
                 log("benchmark", f"profiled {key[0]} {key[1]}: {profiles[key]['ops']['total']} ops, "
                                  f"{profiles[key]['syncs']} syncs per update")
     date = datetime.now().astimezone().isoformat(timespec="seconds")
-    records = [{"system": s, "updates_per_s": v, "rep": i + 1, "device": device, "precision": p,
+    records = [{"system": s, "updates_per_s": v, "updates_per_s_by_epoch": epochs[s, p][i], "rep": i + 1, "device": device, "precision": p,
                 "pair": opts.pair, "updates": opts.updates, "warmup": opts.warmup, "label": opts.label, "date": date,
                 "command": recorded(cmds[s, p][0], scratch),
                 **profiles.get((s, p), {})}
@@ -156,16 +167,21 @@ def run(opts):
     old = json.load(open(out, encoding="utf-8")) if os.path.isfile(out) else []
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old + records, indent=1) + "\n")
-    print(table(speeds, profiles, opts.reps))
+    print(table(speeds, profiles, opts.reps, epochs))
     print(f"\n{opts.pair}, {device}; appended to {shareable(out)}")
     return records
 
 
-def table(speeds, profiles, reps):
-    """One row per (system, precision): median updates/s, its ratios to stock and to fp32, and the profile."""
+def per_epoch(by_epoch):
+    return ", ".join(f"{e}: {v:.2f}" for e, v in by_epoch.items()) or "-"
+
+
+def table(speeds, profiles, reps, epochs):
+    """One row per (system, precision): median updates/s, its ratios to stock and to fp32, each epoch's
+    updates/s (the first repetition's), and the profile."""
     med = {k: statistics.median(v) for k, v in speeds.items()}
-    head = f"| system | precision | updates/s (median of {reps}) | vs stock | vs fp32 |"
-    rule = "|---|---|---|---|---|"
+    head = f"| system | precision | updates/s (median of {reps}) | vs stock | vs fp32 | updates/s by epoch |"
+    rule = "|---|---|---|---|---|---|"
     if profiles:
         head += " ATen ops per update (fwd / bwd / clip / step / other) | syncs per update | shapes per epoch | padding |"
         rule += "---|---|---|---|"
@@ -174,6 +190,7 @@ def table(speeds, profiles, reps):
         stock, fp32 = med.get((STOCK, p)), med.get((s, "fp32"))  # a SYSTEM:FLAGS row: vs plain stock
         row = f"| {s} | {p} | {v:.2f} | {v / stock:.2f} |" if stock else f"| {s} | {p} | {v:.2f} | |"
         row += f" {v / fp32:.2f} |" if fp32 and p != "fp32" else " |"
+        row += f" {per_epoch(epochs[s, p][0])} |"
         if (s, p) in profiles:
             r = profiles[s, p]
             o = r["ops"]

@@ -128,10 +128,12 @@ def test_stock_dropout_replaces_dropout_for_the_stock_model_only():
 
 
 def _fake_fairseq(tmp_path, last_update, die):
-    """A command that logs train_inner records up to LAST_UPDATE (ups = update / 10), then exits or aborts."""
+    """A command that logs train_inner records up to LAST_UPDATE (ups = update / 10; epoch 1 up to update
+    3, then epoch 2), then exits or aborts."""
     code = ("import json, os\n"
             f"for u in range(1, {last_update} + 1):\n"
-            "    print('INFO | train_inner | ' + json.dumps({'loss': '5.0', 'num_updates': str(u), 'ups': str(u / 10)}), flush=True)\n"
+            "    print('INFO | train_inner | ' + json.dumps({'epoch': 1 + (u > 3), 'loss': '5.0', 'num_updates': str(u), "
+            "'ups': str(u / 10)}), flush=True)\n"
             + ("os.abort()\n" if die else ""))
     return [sys.executable, "-c", code]
 
@@ -140,8 +142,10 @@ def test_throughput_keeps_a_whole_measurement_whose_process_died_on_exit(tmp_pat
     from qknorm_pipeline.benchmark import throughput
     from qknorm_pipeline.cli import UserError
 
-    assert throughput.time_one(_fake_fairseq(tmp_path, 6, die=False), None, 2, 6) == pytest.approx(0.45)
-    assert throughput.time_one(_fake_fairseq(tmp_path, 6, die=True), None, 2, 6) == pytest.approx(0.45)
+    ups, by_epoch = throughput.time_one(_fake_fairseq(tmp_path, 6, die=False), None, 2, 6)
+    # after update 2: 0.3 0.4 0.5 0.6; epoch 1 without the first record: 0.2 0.3; epoch 2: 0.4 0.5 0.6
+    assert ups == pytest.approx(0.45) and by_epoch == pytest.approx({"1": 0.25, "2": 0.5})
+    assert throughput.time_one(_fake_fairseq(tmp_path, 6, die=True), None, 2, 6)[0] == pytest.approx(0.45)
     assert "logged all 6 updates, then died with signal 6 on exit" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"failed \(-6\)"):
         throughput.time_one(_fake_fairseq(tmp_path, 4, die=True), None, 2, 6)  # died before its last update
