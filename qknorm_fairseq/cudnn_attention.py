@@ -14,8 +14,8 @@ import torch
 ENV = "QKNORM_CUDNN_ATTENTION"
 
 
-def apply(environ=os.environ):
-    value = environ.get(ENV, "0")
+def apply():
+    value = os.environ.get(ENV, "0")
     if value not in ("0", "1"):
         raise ValueError(f"{ENV}={value!r}: set it to 1 (keep cuDNN attention) or 0 (off, the default), or unset it")
     torch.backends.cuda.enable_cudnn_sdp(value == "1")
