@@ -69,6 +69,15 @@ class OneRecipe:
 
 
 @dataclass
+class Claim:
+    """An ordering a paper reports that the study's systems can test: BETTER scores above WORSE."""
+
+    paper: str = "???"  # where, e.g. "TwT Table 3"
+    better: str = "???"
+    worse: str = "???"
+
+
+@dataclass
 class Study:
     name: str = "???"
     pair: str = "???"
@@ -84,6 +93,7 @@ class Study:
     lr_grid: List[float] = field(default_factory=list)  # peak LRs: seed 1 at each, seeds 2.. at the best
     precision: str = "fp32"  # train.sh --precision of every run (stock rows: fairseq's --bf16 or --fp16)
     optimizer: Optional[str] = None  # our rows' --optimizer; None: the pair recipe's
+    claims: List[Claim] = field(default_factory=list)  # the report tests each (report.claim_tests)
     config: str = ""  # the file, as the report names it
 
 
@@ -119,6 +129,11 @@ def load(path):
         raise StudyError(f"{shareable(path)}: precision {cfg.precision!r}: use one of {', '.join(recipes.PRECISIONS)}")
     if cfg.lr_grid and cfg.lr_multipliers:
         raise StudyError(f"{shareable(path)}: give lr_grid or lr_multipliers, not both")
+    for c in cfg.claims:
+        for s in (c.better, c.worse):
+            if s not in all_systems(cfg):
+                raise StudyError(f"{shareable(path)}: claims: {s!r} ({c.paper}) is not one of its systems "
+                                 f"({' '.join(all_systems(cfg))})")
     return cfg
 
 

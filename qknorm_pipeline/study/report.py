@@ -1,5 +1,8 @@
-"""The study's report from its records: study.md, study.json and dev_bleu.png.
+"""The study's report from its records: study.md, study.json, test_bleu_lr.png and dev_bleu.png,
+in this order:
 
+- Each system at its peak LR and at a multiple of it, or at every LR of the grid (seed 1), the
+  rankings at each, the orderings that hold at all of them, and test BLEU against the LR (plot).
 - Test BLEU of every system at the recipes' learning rates (an lr_grid study: at each system's
   best rate of the grid by dev BLEU): mean ± sample sd over seeds with each seed's score, for the
   best-dev checkpoint (picked by greedy dev BLEU, decoded with beam 4) and for the last checkpoint.
@@ -8,8 +11,9 @@
   its 95% interval, the two-sided p and its Holm-adjusted p over the family; a one-seed system gets
   the seed variance pooled over the others; a pair is resolved when its adjusted p is below 0.05,
   else "not resolved".
-- Each system at its peak LR and at a multiple of it, or at every LR of the grid (seed 1), the
-  rankings at each, and the orderings that hold at all of them.
+- The papers' claims of the config (claims:), tested alike as a family of their own: supported,
+  contradicted or not resolved.
+- Where each run's best dev BLEU fell (before its last validation, or still improving).
 - Training wall time per run and the dev-BLEU curves.
 """
 import json
@@ -120,23 +124,55 @@ def main_rows(cfg, found):
     return rows
 
 
+def pair_test(hi, lo, found, pooled):
+    """Row HI minus row LO: Welch's t over their seeds' scores plus the test set's sampling variance."""
+    a = [v["stats"] for v in seeds_of(found, hi["system"]).values()]
+    b = [v["stats"] for v in seeds_of(found, lo["system"]).values()]
+    res = seed_t_test(hi[METRIC + "_per_seed"], lo[METRIC + "_per_seed"], pooled=pooled,
+                      sentence_var=sentence_variance(a, b, n_samples=N_SAMPLES, seed=12345))
+    return {"pair": [hi["system"], lo["system"]], **{k: res[k] for k in (
+        "seeds", "seed_terms", "delta", "se", "ci95", "p_two_sided", "sentence_var")},
+        "df": None if math.isinf(res["df"]) else res["df"], "p_text": format_p(res["p_two_sided"])}  # None: a normal
+
+
+def holm_family(tests):
+    """TESTS with their Holm-adjusted p over this family, and whether each is resolved."""
+    for t, adjusted in zip(tests, holm([t["p_two_sided"] for t in tests])):
+        t.update(p_holm=adjusted, p_holm_text=format_p(adjusted), resolved=adjusted < ALPHA)
+    return tests
+
+
 def neighbours(rows, found):
     """Ranking by mean METRIC, the pooled seed variance, and the test of each pair of neighbours in it
     (the family), with its Holm-adjusted p."""
     ranked = sorted(rows, key=lambda r: -r[METRIC][0])
     pooled = pooled_variance([r[METRIC + "_per_seed"] for r in rows])
-    tests = []
-    for hi, lo in zip(ranked, ranked[1:]):
-        a = [v["stats"] for v in seeds_of(found, hi["system"]).values()]
-        b = [v["stats"] for v in seeds_of(found, lo["system"]).values()]
-        res = seed_t_test(hi[METRIC + "_per_seed"], lo[METRIC + "_per_seed"], pooled=pooled,
-                          sentence_var=sentence_variance(a, b, n_samples=N_SAMPLES, seed=12345))
-        tests.append({"pair": [hi["system"], lo["system"]], **{k: res[k] for k in (
-            "seeds", "seed_terms", "delta", "se", "ci95", "p_two_sided", "sentence_var")},
-            "df": None if math.isinf(res["df"]) else res["df"], "p_text": format_p(res["p_two_sided"])})  # None: a normal
-    for t, adjusted in zip(tests, holm([t["p_two_sided"] for t in tests])):
-        t.update(p_holm=adjusted, p_holm_text=format_p(adjusted), resolved=adjusted < ALPHA)
+    tests = holm_family([pair_test(hi, lo, found, pooled) for hi, lo in zip(ranked, ranked[1:])])
     return ranked, tests, pooled
+
+
+def claim_tests(cfg, rows, found, pooled):
+    """Each ordering of the config's claims whose two systems have rows: the claimed better minus the
+    claimed worse, tested as the neighbours are, Holm-adjusted over the claims (a family of its own)."""
+    by = {r["system"]: r for r in rows}
+    tests = holm_family([{**pair_test(by[c.better], by[c.worse], found, pooled), "paper": c.paper}
+                         for c in cfg.claims if c.better in by and c.worse in by])
+    for t in tests:
+        t["verdict"] = ("supported" if t["delta"] > 0 else "contradicted") if t["resolved"] else "not resolved"
+    return tests
+
+
+def plateau_rows(found):
+    """Per run: its best dev BLEU, the update of its first validation at that score, and its last
+    validation's update."""
+    rows = []
+    for name, v in found.items():
+        curve = v["log"]["curve"]
+        best = max(p["bleu"] for p in curve)
+        at = next(p["updates"] for p in curve if p["bleu"] == best)
+        rows.append({"run": name, "best_dev": best, "at": at, "last": curve[-1]["updates"],
+                     "before_last": at < curve[-1]["updates"]})
+    return rows
 
 
 def lr_rows(cfg, found):
@@ -200,6 +236,34 @@ def plot(found, out, title):
     return _save(fig, out)
 
 
+def lr_plot(cfg, lrs, main, out, title):
+    """Test BLEU (seed 1) against the learning rate, one line per system; a star at its chosen rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..plots import _save
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rates = sorted({m for r in lrs for m in r["by_lr"]})
+    for r in lrs:
+        xs = sorted(r["by_lr"])
+        (line,) = ax.plot(xs, [r["by_lr"][x]["test"] for x in xs], marker="o", label=r["system"])
+        if main.get(r["system"]) in r["by_lr"]:
+            ax.plot([main[r["system"]]], [r["by_lr"][main[r["system"]]]["test"]], marker="*", ms=14,
+                    color=line.get_color(), ls="none")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(rates, [rate_text(cfg, m) for m in rates])
+    ax.minorticks_off()
+    ax.set_xlabel("peak learning rate" if cfg.lr_grid else "multiple of the recipe's peak learning rate")
+    ax.set_ylabel(f"test {METRIC.replace('_', '-')} (seed 1)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return _save(fig, out)
+
+
 def per_seed(values, digits=2):
     return " (" + ", ".join("n/a" if v is None else f"{v:.{digits}f}" for v in values) + ")" if len(values) > 1 else ""
 
@@ -236,8 +300,65 @@ def test_text(tests, pooled, rows):
             "each pair's own, not adjusted.")
 
 
-def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, found, n, warmup, interval, command, signature,
-             peak_lr):
+def lr_section(cfg, lrs, rankings, hold, peak_lr):
+    mults = sorted({mm for r in lrs for mm in r["by_lr"]})
+    lines = ["## Each system at every learning rate of the grid (seed 1)" if cfg.lr_grid else
+             "## Each system at its peak learning rate and at a multiple of it (seed 1)", "",
+             "| system | " + " | ".join(f"{rate_text(cfg, mm)} LR: multi-bleu-detok (dev)" for mm in mults) + " |",
+             "|---|" + "---|" * len(mults)]
+    for r in lrs:
+        cells = [f"{r['by_lr'][mm]['test']:.2f} ({r['by_lr'][mm]['best_dev']:.2f})" if mm in r["by_lr"] else ""
+                 for mm in mults]
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
+    if cfg.lr_grid:
+        about = ("The peak learning rates of every system's one recipe; each system's best by best dev BLEU (a tie: "
+                 "the smaller) is the rate of its further seeds and of the tables below.")
+    else:
+        about = (f"Our systems' peak is {peak_lr:.3g} at 1×; the stock rows' is fairseq's IWSLT recipe's "
+                 f"({cfg.config}), each times the same multiple.")
+    lines += ["", about + " One seed per cell: a difference here is not tested against seed variance. Plots: "
+              "test_bleu_lr.png (test BLEU against the learning rate, a star at the rate each system is compared "
+              "at), dev_bleu.png (every run's dev BLEU against updates and wall time).", ""]
+    lines += [f"- Ranking at {rate_text(cfg, mm)}: {' > '.join(rk)}" for mm, rk in rankings.items()]
+    lines += [f"- Orderings that hold at every learning rate: {', '.join(f'{a} > {b}' for a, b in hold) or 'none'}", ""]
+    return lines
+
+
+def test_row(t, first):
+    lo, hi = t["ci95"]
+    df = "∞" if t["df"] is None else f"{t['df']:.1f}"
+    return (f"| {first} | {seeds_text(t)} | {t['delta']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | {df} | {t['p_text']} | "
+            f"{t['p_holm_text']} | ")
+
+
+def claims_section(cfg, claims, n):
+    m = cfg.model
+    lines = ["## What the data say about the papers' claims", "",
+             "| claim (where) | seeds | delta | 95% interval | df | p (two-sided) | p (Holm) | the data |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [test_row(t, f"{t['pair'][0]} > {t['pair'][1]} ({t['paper']})") + t["verdict"] + " |" for t in claims]
+    lines += ["", f"Each claim: the claimed better system minus the claimed worse one, each at the rate it is compared "
+              f"at, tested as the neighbours above; the family: these {len(claims)} claims, Holm-adjusted over "
+              "it (apart from the neighbours'). Supported: resolved with the claimed sign; contradicted: resolved "
+              "with the opposite sign; not resolved: the data do not separate the two systems. What is tested is the "
+              f"claim at this study's size and budget (d = {m.embed_dim}, {m.layers}+{m.layers} layers, {n} updates, "
+              "its own split), not the papers' published numbers.", ""]
+    return lines
+
+
+def plateau_section(plateau):
+    before = sum(r["before_last"] for r in plateau)
+    lines = ["## Where each run's best dev BLEU fell", "",
+             f"{before} of {len(plateau)} runs reached their best dev BLEU before their last validation; the others "
+             "were still improving when the budget ended.", "",
+             "| run | best dev BLEU | first at update | last validation | before the last |", "|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['best_dev']:.2f} | {r['at']} | {r['last']} | {'yes' if r['before_last'] else 'no'} |"
+              for r in plateau]
+    return lines + [""]
+
+
+def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plateau, found, n, warmup, interval,
+             command, signature, peak_lr):
     m = cfg.model
     lines = [f"# {cfg.name}: TED gl→en, {len(rows)} systems", "",
              f"Command: `{command}`  ", f"Machine: {machine()}  ",
@@ -245,11 +366,13 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, found, n, wa
              f"Settings: {cfg.config}; d = {m.embed_dim}, {m.layers}+{m.layers} layers, {m.heads} heads, ffn "
              f"{m.ffn_dim}; {n} updates of at most 4,096 tokens in {cfg.precision}; warmup {warmup}; greedy dev BLEU every {interval} "
              f"updates picks checkpoint_best.pt; test: beam 4, GNMT α 0.6, the TwT search, for every system. Data: "
-             f"{cfg.source_dir} (its own split, not the papers').", "",
-             "## Test BLEU at " + ("each system's best learning rate of the grid" if cfg.lr_grid else
-                                   "the recipes' learning rates"), "",
-             "| system | seeds | multi-bleu | multi-bleu-detok | last checkpoint (detok) | best dev BLEU |",
-             "|---|---|---|---|---|---|"]
+             f"{cfg.source_dir} (its own split, not the papers').", ""]
+    if lrs:
+        lines += lr_section(cfg, lrs, rankings, hold, peak_lr)
+    lines += ["## Test BLEU at " + ("each system's best learning rate of the grid" if cfg.lr_grid else
+                                    "the recipes' learning rates"), "",
+              "| system | seeds | multi-bleu | multi-bleu-detok | last checkpoint (detok) | best dev BLEU |",
+              "|---|---|---|---|---|---|"]
     for r in rows:
         last = (fmt_mean_sd(*r["last"]) if r["last"] else "n/a") + per_seed(r["last_per_seed"])
         lines.append(f"| {r['system']} | {len(r['seeds'])} | {fmt_mean_sd(*r['multi_bleu'])}"
@@ -265,32 +388,12 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, found, n, wa
               f"Ranking by mean multi-bleu-detok: {' > '.join(r['system'] for r in ranked)}.", "",
               "| pair | seeds | delta | 95% interval | df | p (two-sided) | p (Holm) | resolved |",
               "|---|---|---|---|---|---|---|---|"]
-    for t in tests:
-        lo, hi = t["ci95"]
-        df = "∞" if t["df"] is None else f"{t['df']:.1f}"
-        lines.append(f"| {t['pair'][0]} vs {t['pair'][1]} | {seeds_text(t)} | {t['delta']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
-                     f"{df} | {t['p_text']} | {t['p_holm_text']} | {'yes' if t['resolved'] else 'not resolved'} |")
+    lines += [test_row(t, f"{t['pair'][0]} vs {t['pair'][1]}") + ("yes" if t["resolved"] else "not resolved") + " |"
+              for t in tests]
     lines += ["", test_text(tests, pooled, rows), ""]
-    if lrs:
-        mults = sorted({mm for r in lrs for mm in r["by_lr"]})
-        lines += ["## Each system at every learning rate of the grid (seed 1)" if cfg.lr_grid else
-                  "## Each system at its peak learning rate and at a multiple of it (seed 1)", "",
-                  "| system | " + " | ".join(f"{rate_text(cfg, mm)} LR: multi-bleu-detok (dev)" for mm in mults) + " |",
-                  "|---|" + "---|" * len(mults)]
-        for r in lrs:
-            cells = [f"{r['by_lr'][mm]['test']:.2f} ({r['by_lr'][mm]['best_dev']:.2f})" if mm in r["by_lr"] else ""
-                     for mm in mults]
-            lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
-        if cfg.lr_grid:
-            about = ("The peak learning rates of every system's one recipe; each system's best by best dev BLEU (a tie: "
-                     "the smaller) is the rate of its further seeds and of the tables above.")
-        else:
-            about = (f"Our systems' peak is {peak_lr:.3g} at 1×; the stock rows' is fairseq's IWSLT recipe's "
-                     f"({cfg.config}), each times the same multiple.")
-        lines += ["", about + " One seed per cell: a difference here is not tested against seed variance.", ""]
-        lines += [f"- Ranking at {rate_text(cfg, mm)}: {' > '.join(rk)}" for mm, rk in rankings.items()]
-        lines += [f"- Orderings that hold at every learning rate: {', '.join(f'{a} > {b}' for a, b in hold) or 'none'}",
-                  ""]
+    if claims:
+        lines += claims_section(cfg, claims, n)
+    lines += plateau_section(plateau)
     lines += ["## Training wall time", "", "| system | updates per seed | wall time per run, min | updates/s |",
               "|---|---|---|---|"]
     for r in rows:
@@ -303,7 +406,7 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, found, n, wa
                      f"{v['log']['updates'] / max(v['log']['wall_s'], 1e-9):.2f} |")
     total = sum(v["log"]["wall_s"] for v in found.values()) / 60
     lines += ["", f"Total training time: {total:.1f} min over {len(found)} runs (from the logs' timestamps; "
-              "validation included, test decoding not). Curves: dev_bleu.png (against updates and wall time).", ""]
+              "validation included, test decoding not).", ""]
     return "\n".join(lines)
 
 
@@ -320,18 +423,23 @@ def write(cfg, chosen, where, records_dir, max_update=None, command=None):
     ranked, tests, pooled = neighbours(rows, found)
     lrs = lr_rows(cfg, found)
     rankings, hold = lr_conclusions(lrs) if lrs else ({}, [])
+    claims = claim_tests(cfg, rows, found, pooled)
+    plateau = plateau_rows(found)
     n, warmup, interval = config.budget(cfg, max_update)
     signature = next(iter(found.values()))["test"]["sacrebleu_signature"]
     out = where.results
     plot(found, os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
-    text = markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, found, n, warmup, interval, command, signature,
-                    config.peak(cfg, rec))
+    if lrs:
+        lr_plot(cfg, lrs, main, os.path.join(out, "test_bleu_lr.png"), f"{cfg.name}: test BLEU, {n} updates")
+    text = markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plateau, found, n, warmup, interval,
+                    command, signature, config.peak(cfg, rec))
     result = {"name": cfg.name, "max_update": n, "warmup_updates": warmup, "validate_every": interval,
               "machine": machine(), "command": command, "metric": METRIC, "sacrebleu_signature": signature,
               "precision": cfg.precision, "systems": rows, "neighbours": tests,
               "family": "pairs of neighbours in the ranking", "alpha": ALPHA,
               "pooled_seed_sd": None if pooled is None else [pooled[0] ** 0.5, pooled[1]],
               "lr": lrs, "rankings": {f"{k:g}": v for k, v in rankings.items()}, "hold_at_every_lr": hold,
+              "claims": claims, "claims_family": "the config's claims", "plateau": plateau,
               "runs": {name: {"system": v["run"].system, "seed": v["run"].seed, "lr_multiplier": v["run"].lr_multiplier,
                               "lr": v["run"].lr,
                               "test": {k: v["test"][k] for k in ("multi_bleu", METRIC, "sacrebleu")},

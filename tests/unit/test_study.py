@@ -8,6 +8,7 @@ import re
 import statistics
 
 import pytest
+import yaml
 from scipy import stats as scipy_stats
 
 from qknorm_pipeline import recipes
@@ -218,7 +219,7 @@ def test_norm_study_trains_every_system_under_one_recipe(tmp_path, monkeypatch):
     one = {"--adam-betas": "(0.9, 0.98)", "--clip-norm": "1.0", "--lr-scheduler": "inverse_sqrt", "--warmup-updates": "500",
            "--warmup-init-lr": "0", "--dropout": "0.3", "--attention-dropout": "0.1", "--activation-dropout": "0.1",
            "--criterion": "label_smoothed_cross_entropy", "--label-smoothing": "0.1", "--max-tokens": "4096",
-           "--max-update": "2000", "--validate-interval-updates": "200", "--encoder-embed-dim": "256",
+           "--max-update": str(cfg.budget.max_update), "--validate-interval-updates": "200", "--encoder-embed-dim": "256",
            "--encoder-layers": "3", "--decoder-layers": "3"}
     for run in config.runs(cfg):
         planned = study_runs.plan(cfg, run, rec, where)
@@ -397,7 +398,7 @@ def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
     # postnorm's best dev BLEU at 2e-3, qknorm's at 1e-3
     runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5), "postnorm_lr2e-3": (600, [1.0, 3.0], 0.45),
             "postnorm_lr2e-3_seed2": (660, [1.5, 2.5], 0.5), "qknorm_lr1e-3": (600, [2.0, 4.0], 0.2),
-            "qknorm_lr2e-3": (600, [1.0, 2.0], 0.4), "qknorm_lr1e-3_seed2": (720, [2.0, 3.5], 0.25)}
+            "qknorm_lr2e-3": (600, [2.0, 1.0], 0.4), "qknorm_lr1e-3_seed2": (720, [2.0, 3.5], 0.25)}
     where, records_dir, refs, hyps = _records(tmp_path, runs)
     best = records.best_rates(cfg, records_dir)
     assert best == {"postnorm": 2e-3, "qknorm": 1e-3}
@@ -417,6 +418,52 @@ def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
     # the runs off the best rate have their own rows in the wall-time table
     assert "| postnorm_lr1e-3 | 20 | 10.0 |" in text and "| qknorm_lr2e-3 | 20 | 10.0 |" in text
     assert result["runs"]["qknorm_lr2e-3"]["lr"] == 2e-3
+    # the issue's order: every rate of the grid (and its plot), then the ranking at the best rates
+    assert text.index("## Each system at every learning rate") < text.index("## Test BLEU at each system's best") \
+        < text.index("## Which differences") < text.index("## Where each run's best dev BLEU fell")
+    with open(os.path.join(where.results, "test_bleu_lr.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # qknorm_lr2e-3 peaked at its first validation (update 10); every other run at its last (20)
+    assert "1 of 6 runs reached their best dev BLEU before their last validation" in text
+    assert "| qknorm_lr2e-3 | 2.00 | 10 | 20 | yes |" in text and "| qknorm_lr1e-3 | 4.00 | 20 | 20 | no |" in text
+    assert {r["run"]: r["before_last"] for r in result["plateau"]}["qknorm_lr2e-3"] is True
+    # the config's claims name systems this report has not: no claims section
+    assert "## What the data say" not in text and result["claims"] == []
+
+
+def test_report_tests_the_papers_claims_as_a_holm_family(tmp_path):
+    cfg = config.load(NORM)
+    cfg.lr_grid = [1e-3]
+    cfg.claims = [config.Claim("Paper A", "qknorm", "postnorm"), config.Claim("Paper B", "postnorm", "qknorm"),
+                  config.Claim("Paper C", "prenorm", "postnorm")]  # no prenorm rows: not tested
+    runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5), "postnorm_lr1e-3_seed2": (660, [1.5, 2.5], 0.45),
+            "qknorm_lr1e-3": (600, [2.0, 4.0], 0.1), "qknorm_lr1e-3_seed2": (720, [2.0, 3.5], 0.12)}
+    where, records_dir, refs, hyps = _records(tmp_path, runs)
+    chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=2, best={"postnorm": 1e-3, "qknorm": 1e-3})
+    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    result = json.load(open(os.path.join(where.results, "study.json")))
+    (neighbour,) = result["neighbours"]
+    a, b = result["claims"]
+    # the same pair as the neighbours' test, each sign; Holm over the family of two claims
+    assert a["pair"] == ["qknorm", "postnorm"] and b["pair"] == ["postnorm", "qknorm"]
+    assert a["delta"] == pytest.approx(neighbour["delta"]) and b["delta"] == pytest.approx(-neighbour["delta"])
+    assert a["p_two_sided"] == pytest.approx(neighbour["p_two_sided"]) == pytest.approx(b["p_two_sided"])
+    assert a["p_holm"] == pytest.approx(min(1.0, 2 * a["p_two_sided"])) == pytest.approx(b["p_holm"])
+    resolved = a["p_holm"] < 0.05
+    assert (a["verdict"], b["verdict"]) == (("supported", "contradicted") if resolved else ("not resolved",) * 2)
+    assert f"| qknorm > postnorm (Paper A) | 2 vs 2 | {a['delta']:+.2f} |" in text
+    assert f"| {a['verdict']} |" in text and "the family: these 2 claims, Holm-adjusted" in text
+    assert text.index("## Which differences") < text.index("## What the data say about the papers' claims")
+    assert "Paper C" not in text
+
+
+def test_a_claim_must_name_systems_of_the_study(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    layer = yaml.safe_load(open(NORM))
+    layer["claims"].append({"paper": "Nowhere", "better": "qknorm", "worse": "rmsnorm"})
+    bad.write_text(yaml.safe_dump(layer))
+    with pytest.raises(StudyError, match=r"claims: 'rmsnorm' \(Nowhere\) is not one of its systems \(postnorm "):
+        config.load(str(bad))
 
 
 def test_report_names_a_missing_record(tmp_path):
