@@ -205,12 +205,7 @@ def lr_conclusions(rows):
 
 
 def plot(found, out, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..plots import _save
+    from ..plots import _save, plt  # matplotlib with the Agg backend
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -238,12 +233,7 @@ def plot(found, out, title):
 
 def lr_plot(cfg, lrs, main, out, title):
     """Test BLEU (seed 1) against the learning rate, one line per system; a star at its chosen rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..plots import _save
+    from ..plots import _save, plt  # matplotlib with the Agg backend
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rates = sorted({m for r in lrs for m in r["by_lr"]})
