@@ -12,13 +12,18 @@
 
 3. The training step. fairseq's Trainer is replaced by qknorm_fairseq/trainer.py's FastTrainer: no
    host-device sync in an update that does not log, one flat fp32 master tensor under --bf16.
+4. Ctrl-C while a checkpoint is written. fairseq saves the first checkpoint file atomically but
+   copies it onto the others (checkpoint_last.pt, the one a resume loads) in place, so a Ctrl-C in
+   the copy would leave a truncated checkpoint_last.pt; here the Ctrl-C waits until saving returns.
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
 hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU; the plugin's
 fairseq_quirks.py quiets fairseq's import); every other warning and every log record stays.
 """
+import functools
 import logging
 import os
+import signal
 import sys
 import warnings
 
@@ -70,6 +75,23 @@ def wrap_parser(parse, argv):
     return parse_args_and_arch
 
 
+def ctrl_c_after(save):
+    """SAVE with a Ctrl-C that arrives during it raised once it has returned."""
+    @functools.wraps(save)
+    def saved(*args, **kwargs):
+        caught = []
+        old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+        try:
+            return save(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, old)
+            if caught:
+                logger.info("Ctrl-C: stopped after writing the checkpoints")
+                raise KeyboardInterrupt
+
+    return saved
+
+
 def model_help(argv):
     """The flags of --arch's model. fairseq prints --help before it adds them (it parses twice: the
     first pass, which knows no model, answers --help), so `fairseq-train --arch X --help` never lists
@@ -96,11 +118,12 @@ def main(argv=None):
     # isort: off
     import qknorm_fairseq  # noqa: F401  (first: it imports fairseq quietly; --user-dir then finds it imported)
     from fairseq_cli import train  # sets fairseq's log format: our import left the root logger as it was
-    from fairseq import options
+    from fairseq import checkpoint_utils, options
     from qknorm_fairseq.trainer import FastTrainer
     # isort: on
 
     train.Trainer = FastTrainer
+    checkpoint_utils.save_checkpoint = ctrl_c_after(checkpoint_utils.save_checkpoint)
 
     argv = sys.argv[1:] if argv is None else argv
     options.parse_args_and_arch = wrap_parser(options.parse_args_and_arch, argv)

@@ -45,9 +45,17 @@ def run_logged(cmd, log_path, what, env=None, cwd=None):
         raise UserError(f"{what} failed (exit {rc}); log: {short(log_path)}")
 
 
-def _children_keep_ctrl_c():
-    """Ctrl-C reaches the child too: it stops, and we keep reading its last words into the log."""
-    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _start(cmd, **popen):
+    """Start CMD, then ignore Ctrl-C here until it ends: the child, in our process group, gets the
+    signal, stops, and we keep reading its last words into the log. (Ignoring it before the start
+    would make the child ignore it too: an ignored signal stays ignored across exec, and Python
+    then installs no KeyboardInterrupt handler.) Returns the process and the handler to restore."""
+    proc = subprocess.Popen(list(map(str, cmd)), **popen)
+    return proc, signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stopped_by_ctrl_c(rc):
+    return rc in (-signal.SIGINT, 128 + signal.SIGINT)
 
 
 def _refused_flag(log_path, program):
@@ -66,13 +74,16 @@ def run_training(label, log_path, max_update, cmd, env=None, python_warnings="sh
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open(log_path, "a", encoding="utf-8") as f:
         f.write(f"# {stamp} {shlex.join(map(str, cmd))}\n")
-    old = _children_keep_ctrl_c()
+    proc, old = _start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
-        proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         progress.follow_training(proc.stdout, log_path, label, max_update=max_update, python_warnings=python_warnings)
         rc = proc.wait()
     finally:
         signal.signal(signal.SIGINT, old)
+    if _stopped_by_ctrl_c(rc):
+        print(progress.stamp("train", f"{label} stopped by Ctrl-C; the same command resumes it from its last "
+                                      f"checkpoint (log: {short(log_path)})"), file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
     if rc == 2:
         raise _refused_flag(log_path, "fairseq-train")
     if rc:
@@ -83,13 +94,14 @@ def run_training(label, log_path, max_update, cmd, env=None, python_warnings="sh
 def decode(label, cmd, out_path, log_path, total, env=None):
     """fairseq-generate's standard output into OUT_PATH (written whole or not at all), its log into
     LOG_PATH, the progress counted from its S- lines."""
-    old = _children_keep_ctrl_c()
+    old = signal.getsignal(signal.SIGINT)
     try:
         with atomic_path(out_path) as tmp, open(log_path, "wb") as err:
-            proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE,
-                                    stderr=None if verbose() else err, env=env)
+            proc, old = _start(cmd, stdout=subprocess.PIPE, stderr=None if verbose() else err, env=env)
             progress.follow_decoding(proc.stdout, tmp, label, total)
             rc = proc.wait()
+            if _stopped_by_ctrl_c(rc):
+                raise KeyboardInterrupt  # nothing written: the next run decodes again
             if rc == 2:
                 raise _refused_flag(log_path, "fairseq-generate")
             if rc:

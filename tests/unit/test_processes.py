@@ -1,0 +1,74 @@
+"""qknorm_pipeline/processes.py and fairseq_train.py: Ctrl-C stops a training or a decoding as a
+terminal sends it, to the whole process group, and never leaves a half-written file."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from qknorm_pipeline.fairseq_train import ctrl_c_after
+
+# a child that says it started (a file), then works until it is stopped
+CHILD = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(60)"
+
+DRIVER = textwrap.dedent("""
+    import sys
+    from qknorm_pipeline import processes
+    what, ready, log, out = sys.argv[1:]
+    child = [sys.executable, "-c", {child!r}, ready]
+    if what == "train":
+        processes.run_training("gl-en/run", log, 10, child)
+    else:
+        processes.decode("gl-en/run", child, out, log, total=5)
+""").format(child=CHILD)
+
+
+def _ctrl_c(tmp_path, what):
+    ready, log, out = tmp_path / "ready", tmp_path / "train.log", tmp_path / "generate.out"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, what, str(ready), str(log), str(out)],
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    try:
+        driver.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)
+        pytest.fail(f"{what}: Ctrl-C did not stop the child within 20 s")
+    return driver.returncode, driver.stderr.read(), out
+
+
+def test_ctrl_c_stops_a_training_and_says_how_to_resume(tmp_path):
+    rc, err, _ = _ctrl_c(tmp_path, "train")
+    assert rc == -signal.SIGINT
+    assert "gl-en/run stopped by Ctrl-C; the same command resumes it from its last checkpoint" in err
+    assert "KeyboardInterrupt" in (tmp_path / "train.log").read_text()  # the child got it, not only us
+
+
+def test_ctrl_c_stops_a_decoding_and_leaves_no_output(tmp_path):
+    rc, _, out = _ctrl_c(tmp_path, "decode")
+    assert rc == -signal.SIGINT
+    assert not out.exists() and not list(tmp_path.glob("generate.out*"))
+
+
+def test_a_checkpoint_is_written_whole_before_ctrl_c_stops_training(tmp_path):
+    path = tmp_path / "checkpoint_last.pt"
+
+    def save(n):
+        with open(path, "w") as f:
+            f.write("a" * n)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the copy
+            time.sleep(0.1)
+            f.write("b" * n)
+        return n
+
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c_after(save)(1000)
+    assert path.read_text() == "a" * 1000 + "b" * 1000
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert ctrl_c_after(lambda: 7)() == 7  # no Ctrl-C: the result, nothing raised
