@@ -94,21 +94,20 @@ def run_training(label, log_path, max_update, cmd, env=None, python_warnings="sh
 def decode(label, cmd, out_path, log_path, total, env=None):
     """fairseq-generate's standard output into OUT_PATH (written whole or not at all), its log into
     LOG_PATH, the progress counted from its S- lines."""
-    old = signal.getsignal(signal.SIGINT)
-    try:
-        with atomic_path(out_path) as tmp, open(log_path, "wb") as err:
-            proc, old = _start(cmd, stdout=subprocess.PIPE, stderr=None if verbose() else err, env=env)
+    with atomic_path(out_path) as tmp, open(log_path, "wb") as err:
+        proc, old = _start(cmd, stdout=subprocess.PIPE, stderr=None if verbose() else err, env=env)
+        try:
             progress.follow_decoding(proc.stdout, tmp, label, total)
             rc = proc.wait()
-            if _stopped_by_ctrl_c(rc):
-                raise KeyboardInterrupt  # nothing written: the next run decodes again
-            if rc == 2:
-                raise _refused_flag(log_path, "fairseq-generate")
-            if rc:
-                tail(log_path)
-                raise UserError(f"fairseq-generate failed (exit {rc}); full log: {short(log_path)}")
-    finally:
-        signal.signal(signal.SIGINT, old)
+        finally:
+            signal.signal(signal.SIGINT, old)
+        if _stopped_by_ctrl_c(rc):
+            raise KeyboardInterrupt  # nothing written: the next run decodes again
+        if rc == 2:
+            raise _refused_flag(log_path, "fairseq-generate")
+        if rc:
+            tail(log_path)
+            raise UserError(f"fairseq-generate failed (exit {rc}); full log: {short(log_path)}")
 
 
 # --- done marks -------------------------------------------------------------------------------

@@ -14,15 +14,22 @@ from qknorm_pipeline.fairseq_train import ctrl_c_after
 # a child that says it started (a file), then works until it is stopped
 CHILD = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(60)"
 
+# a pipeline command as the scripts run one: through cli.main, which turns Ctrl-C into exit 130
 DRIVER = textwrap.dedent("""
     import sys
-    from qknorm_pipeline import processes
-    what, ready, log, out = sys.argv[1:]
-    child = [sys.executable, "-c", {child!r}, ready]
-    if what == "train":
-        processes.run_training("gl-en/run", log, 10, child)
-    else:
-        processes.decode("gl-en/run", child, out, log, total=5)
+    from qknorm_pipeline import cli, processes
+
+    def run(args):
+        child = [sys.executable, "-c", {child!r}, args.ready]
+        if args.what == "train":
+            processes.run_training("gl-en/run", args.log, 10, child)
+        else:
+            processes.decode("gl-en/run", child, args.out, args.log, total=5)
+
+    parser = cli.Parser(tag="pipeline")
+    for name in ("what", "ready", "log", "out"):
+        parser.add_argument(name)
+    sys.exit(cli.main(run, parser))
 """).format(child=CHILD)
 
 
@@ -45,14 +52,14 @@ def _ctrl_c(tmp_path, what):
 
 def test_ctrl_c_stops_a_training_and_says_how_to_resume(tmp_path):
     rc, err, _ = _ctrl_c(tmp_path, "train")
-    assert rc == -signal.SIGINT
+    assert rc == 130 and err.rstrip().endswith("[pipeline] interrupted")
     assert "gl-en/run stopped by Ctrl-C; the same command resumes it from its last checkpoint" in err
     assert "KeyboardInterrupt" in (tmp_path / "train.log").read_text()  # the child got it, not only us
 
 
 def test_ctrl_c_stops_a_decoding_and_leaves_no_output(tmp_path):
-    rc, _, out = _ctrl_c(tmp_path, "decode")
-    assert rc == -signal.SIGINT
+    rc, err, out = _ctrl_c(tmp_path, "decode")
+    assert rc == 130 and err.rstrip().endswith("[pipeline] interrupted")
     assert not out.exists() and not list(tmp_path.glob("generate.out*"))
 
 
