@@ -2,6 +2,7 @@
 and paths as they go into shareable results (relative to the repository, never this machine's)."""
 import dataclasses
 import os
+import sysconfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "qknorm_fairseq")  # the plugin, given to fairseq as --user-dir
@@ -37,6 +38,16 @@ def shareable(path):
     """`path` relative to the repository when it lies inside it; anything else unchanged."""
     full = os.path.abspath(path)
     return os.path.relpath(full, ROOT) if full.startswith(ROOT + os.sep) else path
+
+
+def shareable_text(text):
+    """TEXT (a log) without this machine's paths: the repository's made relative to it, the standard
+    library's (a traceback's stdlib frames) as $STDLIB, the home folder's as ~."""
+    text = text.replace(ROOT + os.sep, "")
+    for prefix, name in ((sysconfig.get_path("stdlib"), "$STDLIB"), (os.path.expanduser("~"), "~")):
+        if len(prefix) > 1:
+            text = text.replace(prefix + os.sep, name + os.sep)
+    return text
 
 
 def short(path):

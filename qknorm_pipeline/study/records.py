@@ -24,7 +24,7 @@ from datetime import datetime
 
 from ..fairseq_log import parse_line
 from ..files import atomic_dir, write_atomic
-from ..paths import ROOT
+from ..paths import shareable_text
 from .config import StudyError, all_systems, best_rate, run_name
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
@@ -72,8 +72,8 @@ def record_change(old, new):
 def write_record(rec_dir, log_path, best_dir, last_dir, command):
     """The finished run's record, written whole or not at all (staged outside PAIR/, where compare looks)."""
     with atomic_dir(rec_dir, stage_in=os.path.dirname(os.path.dirname(rec_dir))) as tmp:
-        with open(log_path, encoding="utf-8") as f:  # without this checkout's location
-            write_atomic(os.path.join(tmp, "train.log"), f.read().replace(ROOT + os.sep, ""))
+        with open(log_path, encoding="utf-8") as f:
+            write_atomic(os.path.join(tmp, "train.log"), shareable_text(f.read()))
         for src, dst in ((best_dir, tmp), (last_dir, os.path.join(tmp, "last"))):
             if src and os.path.isfile(os.path.join(src, "scores.json")):
                 os.makedirs(dst, exist_ok=True)
@@ -92,8 +92,7 @@ def read_run(path):
         for line in f:
             if line.startswith("# "):
                 segments.append({"first": None, "last": None, "valid": [], "updates": 0})
-                # the command without this checkout's location, which results must not name
-                commands.append(line[2:].strip().partition(" ")[2].replace(ROOT + os.sep, ""))
+                commands.append(shareable_text(line[2:].strip().partition(" ")[2]))
                 continue
             m = STAMP.match(line)
             if not m:

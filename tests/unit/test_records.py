@@ -1,5 +1,6 @@
 """qknorm_pipeline/study/records.py: a run's record is written whole or not at all."""
 import os
+import sysconfig
 
 import pytest
 
@@ -11,14 +12,19 @@ def test_a_record_is_written_whole_or_not_at_all(tmp_path):
     runs = tmp_path / "runs"
     rec = runs / "gl-en" / "qknorm"
     log = tmp_path / "train.log"
-    log.write_text(f"# 2026-01-01T12:00:00Z python {ROOT}{os.sep}x.py\n")
+    # a traceback in the log names the repository's files and the Python installation's (stdlib frames)
+    stdlib = sysconfig.get_path("stdlib")
+    log.write_text(f"# 2026-01-01T12:00:00Z python {ROOT}{os.sep}x.py\n"
+                   f'  File "{stdlib}{os.sep}contextlib.py", line 81, in inner\n')
     best = tmp_path / "best"
     best.mkdir()
     (best / "hyp.txt").write_text("a\n")
     (best / "scores.json").write_text("{}\n")
     write_record(str(rec), str(log), str(best), None, "train: x")
     assert sorted(os.listdir(rec)) == ["command.txt", "hyp.txt", "scores.json", "train.log"]
-    assert (rec / "train.log").read_text() == "# 2026-01-01T12:00:00Z python x.py\n"  # no machine path
+    assert (rec / "train.log").read_text() == (  # no machine path
+        "# 2026-01-01T12:00:00Z python x.py\n"
+        f'  File "$STDLIB{os.sep}contextlib.py", line 81, in inner\n')
     assert (rec / "command.txt").read_text() == "train: x\n"
     with pytest.raises(FileNotFoundError):
         write_record(str(rec), str(tmp_path / "missing.log"), str(best), None, "train: y")
