@@ -41,12 +41,15 @@ def shareable(path):
 
 
 def shareable_text(text):
-    """TEXT (a log) without this machine's paths: the repository's made relative to it, the standard
-    library's (a traceback's stdlib frames) as $STDLIB, the home folder's as ~."""
+    """TEXT (a log) without this machine's paths: the repository's made relative to it, then (a
+    traceback's frames) installed packages' as $SITE, the standard library's as $STDLIB, the home
+    folder's as ~; the longest prefix first, since site-packages often lies inside the stdlib's."""
     text = text.replace(ROOT + os.sep, "")
-    for prefix, name in ((sysconfig.get_path("stdlib"), "$STDLIB"), (os.path.expanduser("~"), "~")):
+    prefixes = {sysconfig.get_path("purelib"): "$SITE", sysconfig.get_path("platlib"): "$SITE",
+                sysconfig.get_path("stdlib"): "$STDLIB", os.path.expanduser("~"): "~"}
+    for prefix in sorted(prefixes, key=len, reverse=True):
         if len(prefix) > 1:
-            text = text.replace(prefix + os.sep, name + os.sep)
+            text = text.replace(prefix + os.sep, prefixes[prefix] + os.sep)
     return text
 
 

@@ -4,6 +4,7 @@ import sysconfig
 
 import pytest
 
+from qknorm_pipeline import paths
 from qknorm_pipeline.paths import ROOT
 from qknorm_pipeline.study.records import write_record
 
@@ -30,3 +31,22 @@ def test_a_record_is_written_whole_or_not_at_all(tmp_path):
         write_record(str(rec), str(tmp_path / "missing.log"), str(best), None, "train: y")
     assert (rec / "command.txt").read_text() == "train: x\n"  # the old record, untouched
     assert os.listdir(runs) == ["gl-en"] and os.listdir(runs / "gl-en") == ["qknorm"]  # no temporary left
+
+
+def test_a_log_names_installed_packages_and_the_home_folder_without_this_machine(monkeypatch):
+    # a system Python: site-packages inside the stdlib's folder, so the longer prefix must win
+    layout = {"stdlib": "/usr/lib/python3.11", "purelib": "/usr/lib/python3.11/site-packages",
+              "platlib": "/opt/venv/lib/python3.11/site-packages"}
+    monkeypatch.setattr(paths.sysconfig, "get_path", layout.__getitem__)
+    monkeypatch.setenv("HOME", "/home/ann")
+    log = (f"python {ROOT}/x.py\n"
+           '  File "/usr/lib/python3.11/site-packages/fairseq/trainer.py", line 1\n'
+           '  File "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 2\n'
+           '  File "/usr/lib/python3.11/contextlib.py", line 3\n'
+           "checkpoints in /home/ann/ckpt/\n")
+    assert paths.shareable_text(log) == (
+        "python x.py\n"
+        '  File "$SITE/fairseq/trainer.py", line 1\n'
+        '  File "$SITE/torch/nn/modules/module.py", line 2\n'
+        '  File "$STDLIB/contextlib.py", line 3\n'
+        "checkpoints in ~/ckpt/\n")
