@@ -3,7 +3,13 @@
 With --target-vocab-mask some logits are -inf. fairseq's label_smoothed_cross_entropy spreads
 epsilon over the whole vocabulary and sums every log-probability, so its loss becomes inf. This
 criterion spreads epsilon over the unmasked types only; with no mask it equals fairseq's.
+
+`--fused-loss` computes the same loss and its gradient from the logits, a block of rows at a time
+in fp32, instead of through fp32 log-probabilities of all tokens x types (a cast, log_softmax, the
+smoothing sum and their backward: about ten passes over the largest tensor of an update).
 """
+from dataclasses import dataclass, field
+
 import torch
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
@@ -14,6 +20,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 # A reference token the mask forbids (possible only in valid/test data) costs this many nats
 # instead of inf, so validation losses stay finite.
 MASKED_TARGET_NLL = 100.0
+
+# --fused-loss works on blocks of about this many logits (4 MiB in fp32), so that a block's fp32
+# copy is still in cache when the next op reads it
+FUSED_BLOCK = 1 << 20
 
 
 def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, reduce=True, allowed=None):
@@ -37,16 +47,92 @@ def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, r
     return loss.squeeze(-1), nll_loss.squeeze(-1)
 
 
-@register_criterion("masked_label_smoothed_cross_entropy", dataclass=LabelSmoothedCrossEntropyCriterionConfig)
+class FusedLabelSmoothedNLL(torch.autograd.Function):
+    """(loss sum, nll sum) of masked_label_smoothed_nll_loss(log_softmax(LOGITS), ...), reduced,
+    straight from LOGITS (N, V) of any float dtype; ALLOWED: bool (V,) or None (every type).
+
+    With lse = logsumexp of a row, nll = lse - logit[target] and smooth = n * lse - (sum of the
+    allowed logits); the gradient of a row is softmax * (c_nll + n c_smooth) - c_nll onehot(target)
+    - c_smooth allowed, where c_nll and c_smooth are the weights of nll and smooth in the loss."""
+
+    @staticmethod
+    def forward(ctx, logits, target, epsilon, ignore_index, allowed):
+        rows, types = logits.shape
+        acc = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for fp64 logits
+        # in acc, never in the logits' dtype: bf16 would round 3172 types to 3168
+        n = allowed.sum().to(acc) if allowed is not None else torch.tensor(float(types), dtype=acc, device=logits.device)
+        eps_i = epsilon / (n - 1)
+        lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
+        step = max(1, FUSED_BLOCK // types)
+        for s in range(0, rows, step):
+            x = logits[s:s + step].to(acc)
+            torch.logsumexp(x, dim=-1, out=lse[s:s + step])
+            tgt[s:s + step] = x.gather(-1, target[s:s + step, None]).squeeze(-1)
+            total[s:s + step] = (x if allowed is None else x.masked_fill(~allowed, 0.0)).sum(-1)
+        nll = lse - tgt
+        live = nll <= MASKED_TARGET_NLL  # the clamp of masked_label_smoothed_nll_loss passes no gradient
+        nll = nll.clamp(max=MASKED_TARGET_NLL)
+        smooth = n * lse - total
+        keep = target.ne(ignore_index) if ignore_index is not None else torch.ones_like(live)
+        nll, smooth = nll * keep, smooth * keep
+        ctx.save_for_backward(logits, target, lse, live & keep, keep, allowed, n, eps_i)
+        ctx.epsilon = epsilon
+        loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+        return loss.sum(), nll.sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        logits, target, lse, live, keep, allowed, n, eps_i = ctx.saved_tensors
+        rows, types = logits.shape
+        c_nll = (grad_loss * (1.0 - ctx.epsilon - eps_i) + grad_nll) * live
+        c_smooth = grad_loss * eps_i * keep
+        grad = torch.empty_like(logits)
+        step = max(1, FUSED_BLOCK // types)
+        for s in range(0, rows, step):
+            e = s + step
+            g = torch.exp(logits[s:e].to(lse.dtype) - lse[s:e, None]).mul_((c_nll[s:e] + n * c_smooth[s:e])[:, None])
+            g.scatter_add_(-1, target[s:e, None], -c_nll[s:e, None])
+            if allowed is None:
+                g.sub_(c_smooth[s:e, None])
+            else:
+                g.sub_(c_smooth[s:e, None] * allowed)
+            grad[s:e] = g
+        return grad, None, None, None, None
+
+
+@dataclass
+class MaskedLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    fused_loss: bool = field(default=False, metadata={
+        "help": "the loss and its gradient straight from the logits, in fp32 blocks of rows, without "
+                "log-probabilities of every token (the same loss up to rounding; faster on a CPU, not "
+                "measured on a GPU)"})
+
+
+@register_criterion("masked_label_smoothed_cross_entropy", dataclass=MaskedLabelSmoothedCrossEntropyConfig)
 class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 fused_loss=False):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        if fused_loss and ignore_prefix_size:
+            raise ValueError("--fused-loss does not support --ignore-prefix-size; drop one of them")
+        self.fused_loss = fused_loss
+
     def compute_loss(self, model, net_output, sample, reduce=True):
-        lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
         decoder = getattr(model, "decoder", None)
-        if getattr(decoder, "mask_output", None) is not None:
-            # our decoder: its mask (or none) says which log-probabilities are -inf, so no isfinite
-            # over all tokens x types is needed
-            allowed = decoder.allowed_types if decoder.mask_output else torch.ones_like(lprobs[0], dtype=torch.bool)
-        else:
-            allowed = None
+        ours = getattr(decoder, "mask_output", None) is not None
+        # our decoder: its mask (or none) says which log-probabilities are -inf, so no isfinite over
+        # all tokens x types is needed
+        allowed = decoder.allowed_types if ours and decoder.mask_output else None
+        if self.fused_loss and reduce:
+            if getattr(decoder, "adaptive_softmax", None) is not None:
+                raise ValueError("--fused-loss needs log-probabilities that are log_softmax(logits); "
+                                 "drop --fused-loss or the adaptive softmax")
+            logits, target = net_output[0], model.get_targets(sample, net_output)
+            # allowed None: every type (a decoder that is not ours never masks its logits)
+            return FusedLabelSmoothedNLL.apply(logits.view(-1, logits.size(-1)), target.view(-1), self.eps,
+                                               self.padding_idx, allowed)
+        lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
+        if ours and allowed is None:
+            allowed = torch.ones_like(lprobs[0], dtype=torch.bool)
         return masked_label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce,
                                               allowed=allowed)

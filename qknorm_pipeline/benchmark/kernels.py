@@ -5,7 +5,8 @@ process on the CPU (process CPU time, one thread by default).
 
 Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
 torch.linalg.vector_norm on (tokens, heads, dim / heads); --fast-dropout's dropout against torch's
-(p = 0.4) on (tokens, 4 dim), in fp32 and bf16. Prints (and with --out writes OUT.md)
+(p = 0.4) on (tokens, 4 dim), in fp32 and bf16; --fused-loss's label-smoothed loss against the criterion's
+path through fp32 log_softmax on bf16 logits (tokens, vocab). Prints (and with --out writes OUT.md)
 the median microseconds per call, forward and forward + backward, and the ratio to the reference.
 """
 import statistics
@@ -22,6 +23,7 @@ def run(opts):
     from fairseq.modules import LayerNorm
 
     from qknorm_fairseq.attention import lp_normalize
+    from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
     from qknorm_fairseq.fast_dropout import fast_dropout
     from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
@@ -43,6 +45,13 @@ def run(opts):
         cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, (opts.tokens, 4 * d), dtype),
                   (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"torch dropout {tag}", (opts.tokens, 4 * d),
                    dtype)]
+    target = torch.randint(4, opts.vocab, (opts.tokens,), generator=torch.Generator().manual_seed(0))
+    every = torch.ones(opts.vocab, dtype=torch.bool)
+    cases += [("log_softmax loss bf16", lambda x: masked_label_smoothed_nll_loss(
+                   torch.log_softmax(x.float(), -1), target, 0.1, ignore_index=1, allowed=every)[0], None,
+               (opts.tokens, opts.vocab), bf16),
+              ("fused loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None)[0],
+               "log_softmax loss bf16", (opts.tokens, opts.vocab), bf16)]
     inputs = {(shape, dtype): torch.randn(shape).to(dtype) for *_, shape, dtype in cases}
     times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
 
@@ -64,7 +73,7 @@ def run(opts):
     lines = [f"# Kernel micro-benchmark (CPU, {torch.get_num_threads()} threads, {opts.reps} interleaved "
              f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
              f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}); "
-             f"dropout on ({opts.tokens}, {4 * d}).", "",
+             f"dropout on ({opts.tokens}, {4 * d}); loss on ({opts.tokens}, {opts.vocab}).", "",
              "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
     for name, _, ref, *_ in cases:
         row = [name]
@@ -83,6 +92,7 @@ def add_arguments(k):
     k.add_argument("--dim", type=int, default=256)
     k.add_argument("--heads", type=int, default=4)
     k.add_argument("--tokens", type=int, default=384, help="rows per call (default: the speed batch, 16 x 24)")
+    k.add_argument("--vocab", type=int, default=3172, help="types of the loss's logits (default: gl->en's)")
     k.add_argument("--p", type=float, nargs="+", default=[2.0, 4.0, 3.5], help="l_p norms to time")
     k.add_argument("--iters", type=int, default=200)
     k.add_argument("--reps", type=int, default=5)

@@ -1,9 +1,14 @@
 """masked_label_smoothed_cross_entropy (qknorm_fairseq/criterion.py) against fairseq's label
-smoothing and against the original code's form of it."""
+smoothing and against the original code's form of it; --fused-loss against autograd through
+log_softmax."""
+import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
+from qknorm_fairseq import criterion
+from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
+
+from helpers import TINY_MODEL, USER_DIR, batch
 
 
 def test_masked_label_smoothing():
@@ -46,3 +51,96 @@ def test_the_original_form_differs_by_epsilon_over_n(tmp_path):
     assert torch.allclose(original - ours, eps / n * (others_mean - gold_lp), atol=1e-12)
     relative = ((original - ours).abs() / ours).max().item()
     assert relative < 1e-3, relative  # negligible: no flag for the original form
+
+
+def _fused_and_reference(logits, target, allowed, eps=0.1, pad=1):
+    """(loss, nll, grad) of --fused-loss and of autograd through log_softmax and
+    masked_label_smoothed_nll_loss, for the loss + 0.3 nll (so both outputs carry a gradient)."""
+    out = []
+    for fused in (True, False):
+        x = logits.detach().clone().requires_grad_()
+        if fused:
+            loss, nll = FusedLabelSmoothedNLL.apply(x, target, eps, pad, allowed)
+        else:
+            every = allowed if allowed is not None else torch.ones(x.size(-1), dtype=torch.bool)
+            loss, nll = masked_label_smoothed_nll_loss(torch.log_softmax(x.double(), -1), target, eps,
+                                                       ignore_index=pad, allowed=every)
+        (loss + 0.3 * nll).backward()
+        out.append((loss.detach(), nll.detach(), x.grad))
+    return out
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked):
+    """In fp64, over blocks of 3 rows: padding rows, masked types and a target the mask forbids (its
+    nll clamped at MASKED_TARGET_NLL, no gradient through it) give the same loss and gradient."""
+    monkeypatch.setattr(criterion, "FUSED_BLOCK", 40)  # 11 types: 3 rows a block, 13 blocks
+    torch.manual_seed(0)
+    logits = torch.randn(37, 11, dtype=torch.float64) * 3
+    target = torch.randint(2, 11, (37,))
+    target[:4] = 1  # padding
+    allowed = None
+    if masked:
+        allowed = torch.ones(11, dtype=torch.bool)
+        allowed[[2, 5]] = False
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        target[6] = 5
+    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, allowed)
+    if masked:
+        assert ref_nll > criterion.MASKED_TARGET_NLL  # the forbidden target is in the sum
+    assert torch.allclose(loss, ref_loss, rtol=1e-12) and torch.allclose(nll, ref_nll, rtol=1e-12)
+    assert torch.allclose(grad, ref_grad, rtol=1e-10, atol=1e-14)
+    assert not grad[:4].any(), "padding rows get no gradient"
+
+
+def test_fused_loss_on_bf16_logits_accumulates_in_fp32():
+    """bf16 logits of the gl->en size, no mask: the loss of the very same values computed in fp64, to fp32
+    rounding; the gradient comes back in bf16 and equals the fp64 one to bf16 rounding."""
+    torch.manual_seed(1)
+    logits = (torch.randn(512, 3172) * 4 - 20).bfloat16()  # off zero: an error in n (types) shows
+    target = torch.randint(2, 3172, (512,))
+    target[:20] = 1
+    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, None)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
+    assert torch.allclose(loss.double(), ref_loss, rtol=1e-6) and torch.allclose(nll.double(), ref_nll, rtol=1e-6)
+    assert ref_grad.dtype == torch.bfloat16  # the fp64 gradient rounded to bf16
+    # one bf16 step, or fp32's ~1e-7 where softmax and the smoothing term nearly cancel
+    assert torch.allclose(grad.double(), ref_grad.double(), rtol=2 ** -7, atol=1e-7)
+
+
+def _criterion_and_model(data_bin, *flags):
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data_bin), "--user-dir", USER_DIR, "--arch", "transformer_fixnorm", *TINY_MODEL, "--share-all-embeddings",
+        "--criterion", "masked_label_smoothed_cross_entropy", "--label-smoothing", "0.1", *flags])
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    return task.build_criterion(args), task.build_model(args), task
+
+
+def test_fused_loss_flag_in_the_criterion(tiny_data):
+    """`--fused-loss` parsed by fairseq: the criterion's loss, nll and every parameter's gradient on a
+    batch of transformer_fixnorm (its logit mask on) equal those without the flag."""
+    results = []
+    for flags in ((), ("--fused-loss",)):
+        crit, model, task = _criterion_and_model(tiny_data / "bin", *flags)
+        assert crit.fused_loss == bool(flags) and model.decoder.mask_output
+        src, lengths, prev = batch(task)
+        target = torch.cat([prev[:, 1:], prev[:, :1]], 1)
+        target[0, -2:] = task.target_dictionary.pad()
+        sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+                  "target": target, "ntokens": int(target.ne(1).sum())}
+        torch.manual_seed(3)  # the same dropout masks
+        loss, _, log = crit(model, sample)
+        loss.backward()
+        results.append((loss.detach(), log["nll_loss"], {n: p.grad for n, p in model.named_parameters()}))
+    (loss, nll, grads), (f_loss, f_nll, f_grads) = results
+    assert torch.allclose(loss, f_loss, rtol=1e-5) and torch.allclose(nll, f_nll, rtol=1e-5)
+    for name, g in grads.items():
+        assert torch.allclose(g, f_grads[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_fused_loss_rejects_a_prefix(tiny_data):
+    with pytest.raises(ValueError, match="--fused-loss does not support --ignore-prefix-size"):
+        _criterion_and_model(tiny_data / "bin", "--fused-loss", "--ignore-prefix-size", "1")
