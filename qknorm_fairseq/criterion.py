@@ -26,6 +26,11 @@ MASKED_TARGET_NLL = 100.0
 FUSED_BLOCK = 1 << 20
 
 
+def _row_blocks(rows, types):
+    step = max(1, FUSED_BLOCK // types)
+    return (slice(s, s + step) for s in range(0, rows, step))
+
+
 def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, reduce=True, allowed=None):
     """ALLOWED: bool (V,), the types the model may generate (the decoder's mask); without it, the
     finite entries of LPROBS, found with an isfinite over all of them."""
@@ -63,12 +68,11 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         n = allowed.sum().to(acc) if allowed is not None else torch.tensor(float(types), dtype=acc, device=logits.device)
         eps_i = epsilon / (n - 1)
         lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
-        step = max(1, FUSED_BLOCK // types)
-        for s in range(0, rows, step):
-            x = logits[s:s + step].to(acc)
-            torch.logsumexp(x, dim=-1, out=lse[s:s + step])
-            tgt[s:s + step] = x.gather(-1, target[s:s + step, None]).squeeze(-1)
-            total[s:s + step] = (x if allowed is None else x.masked_fill(~allowed, 0.0)).sum(-1)
+        for b in _row_blocks(rows, types):
+            x = logits[b].to(acc)
+            torch.logsumexp(x, dim=-1, out=lse[b])
+            tgt[b] = x.gather(-1, target[b, None]).squeeze(-1)
+            total[b] = (x if allowed is None else x.masked_fill(~allowed, 0.0)).sum(-1)
         nll = lse - tgt
         live = nll <= MASKED_TARGET_NLL  # the clamp of masked_label_smoothed_nll_loss passes no gradient
         nll = nll.clamp(max=MASKED_TARGET_NLL)
@@ -87,16 +91,11 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         c_nll = (grad_loss * (1.0 - ctx.epsilon - eps_i) + grad_nll) * live
         c_smooth = grad_loss * eps_i * keep
         grad = torch.empty_like(logits)
-        step = max(1, FUSED_BLOCK // types)
-        for s in range(0, rows, step):
-            e = s + step
-            g = torch.exp(logits[s:e].to(lse.dtype) - lse[s:e, None]).mul_((c_nll[s:e] + n * c_smooth[s:e])[:, None])
-            g.scatter_add_(-1, target[s:e, None], -c_nll[s:e, None])
-            if allowed is None:
-                g.sub_(c_smooth[s:e, None])
-            else:
-                g.sub_(c_smooth[s:e, None] * allowed)
-            grad[s:e] = g
+        for b in _row_blocks(rows, types):
+            g = torch.exp(logits[b].to(lse.dtype) - lse[b, None]).mul_((c_nll[b] + n * c_smooth[b])[:, None])
+            g.scatter_add_(-1, target[b, None], -c_nll[b, None])
+            g.sub_(c_smooth[b, None] if allowed is None else c_smooth[b, None] * allowed)
+            grad[b] = g
         return grad, None, None, None, None
 
 

@@ -130,7 +130,7 @@ def test_fused_loss_flag_in_the_criterion(tiny_data):
         target = torch.cat([prev[:, 1:], prev[:, :1]], 1)
         target[0, -2:] = task.target_dictionary.pad()
         sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
-                  "target": target, "ntokens": int(target.ne(1).sum())}
+                  "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
         torch.manual_seed(3)  # the same dropout masks
         loss, _, log = crit(model, sample)
         loss.backward()
