@@ -67,34 +67,43 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         # in acc, never in the logits' dtype: bf16 would round 3172 types to 3168
         n = allowed.sum().to(acc) if allowed is not None else torch.tensor(float(types), dtype=acc, device=logits.device)
         eps_i = epsilon / (n - 1)
+        forbidden = ~allowed if allowed is not None else None
         lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
         for b in _row_blocks(rows, types):
-            x = logits[b].to(acc)
+            x = logits[b].to(acc, copy=True)
             torch.logsumexp(x, dim=-1, out=lse[b])
             tgt[b] = x.gather(-1, target[b, None]).squeeze(-1)
-            total[b] = (x if allowed is None else x.masked_fill(~allowed, 0.0)).sum(-1)
+            if forbidden is not None:
+                x.masked_fill_(forbidden, 0.0)  # the masked logits are -inf
+            torch.sum(x, dim=-1, out=total[b])
+        weights = allowed.to(acc) if allowed is not None else None
         nll = lse - tgt
         live = nll <= MASKED_TARGET_NLL  # the clamp of masked_label_smoothed_nll_loss passes no gradient
         nll = nll.clamp(max=MASKED_TARGET_NLL)
         smooth = n * lse - total
         keep = target.ne(ignore_index) if ignore_index is not None else torch.ones_like(live)
         nll, smooth = nll * keep, smooth * keep
-        ctx.save_for_backward(logits, target, lse, live & keep, keep, allowed, n, eps_i)
+        ctx.save_for_backward(logits, target, lse, live & keep, keep, weights, n, eps_i)
         ctx.epsilon = epsilon
         loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
         return loss.sum(), nll.sum()
 
     @staticmethod
     def backward(ctx, grad_loss, grad_nll):
-        logits, target, lse, live, keep, allowed, n, eps_i = ctx.saved_tensors
+        logits, target, lse, live, keep, weights, n, eps_i = ctx.saved_tensors
         rows, types = logits.shape
         c_nll = (grad_loss * (1.0 - ctx.epsilon - eps_i) + grad_nll) * live
         c_smooth = grad_loss * eps_i * keep
+        c_softmax = (c_nll + n * c_smooth)[:, None]
         grad = torch.empty_like(logits)
         for b in _row_blocks(rows, types):
-            g = torch.exp(logits[b].to(lse.dtype) - lse[b, None]).mul_((c_nll[b] + n * c_smooth[b])[:, None])
+            # in place on the block's fp32 copy: softmax * c_softmax - c_nll onehot - c_smooth allowed
+            g = logits[b].to(lse.dtype, copy=True).sub_(lse[b, None]).exp_().mul_(c_softmax[b])
             g.scatter_add_(-1, target[b, None], -c_nll[b, None])
-            g.sub_(c_smooth[b, None] if allowed is None else c_smooth[b, None] * allowed)
+            if weights is None:
+                g.sub_(c_smooth[b, None])
+            else:
+                g.addr_(c_smooth[b], weights, alpha=-1)
             grad[b] = g
         return grad, None, None, None, None
 

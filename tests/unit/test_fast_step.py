@@ -9,7 +9,7 @@ from fairseq.models.transformer import TransformerEncoderBase
 from omegaconf import OmegaConf
 
 from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
-from qknorm_fairseq.fast_dropout import fast_dropout, keep_mask
+from qknorm_fairseq.fast_dropout import fast_dropout, keep_mask, uniform_int16
 from qknorm_fairseq.length_buckets import LengthBucketDataset, bucket_batches, bucket_bounds
 from qknorm_fairseq.optimizer import FairseqMultiTensorAdam
 from qknorm_fairseq.trainer import FlatBF16Optimizer
@@ -91,6 +91,28 @@ def test_fast_dropout_keeps_one_minus_p_scaled_and_backpropagates_through_the_sa
     assert not fast_dropout(x, 1.0).any()
     m = keep_mask((1000, 1000), 0.9, torch.bfloat16)
     assert m.dtype == torch.bfloat16 and abs((m > 0).float().mean().item() - 0.9) < 0.003
+
+
+def test_fast_dropout_draws_are_uniform_independent_and_follow_torch_manual_seed():
+    torch.manual_seed(3)
+    draws = uniform_int16(1 << 20)
+    again = uniform_int16(1 << 20)
+    torch.manual_seed(3)
+    assert torch.equal(uniform_int16(1 << 20), draws)  # fairseq reseeds torch at every update
+    assert not torch.equal(draws, again)
+    assert draws.dtype == torch.int16 and draws.numel() == 1 << 20
+    # each of the 256 high bytes, and in each of the four int16 lanes of a 64-bit word: chi-square
+    # with 255 degrees of freedom (mean 255, sd 22.6); a lane stuck at one value or a bias of the
+    # top bit puts it in the thousands
+    lanes = draws.view(-1, 4).long().add(32768).div(256, rounding_mode="floor")
+    for lane in lanes.T:
+        counts = torch.bincount(lane, minlength=256).double()
+        expected = lane.numel() / 256
+        assert ((counts - expected) ** 2 / expected).sum() < 400
+    # neighbouring draws are uncorrelated
+    x = draws.double()
+    assert abs(torch.corrcoef(torch.stack([x[:-1], x[1:]]))[0, 1]) < 0.01
+    assert uniform_int16(5).numel() == 5
 
 
 def test_fast_dropout_model_swaps_every_dropout(tiny_data):
