@@ -8,8 +8,8 @@ kept when a uniform 16-bit draw falls below round(65536 (1 - p)) (keep probabili
 backward are one multiplication each (`bash scripts/benchmark.sh kernels` times it against torch's).
 The draws: on a CPU, numpy's PCG64DXSM generator, seeded for every mask from torch's generator (so
 torch.manual_seed, which fairseq calls at every update, fixes them), gives four per 64-bit word,
-several times faster than torch's single-threaded Mersenne Twister; on a GPU, torch's generator
-of that device, two per 32-bit word. The random stream differs from torch's dropout, so a run
+faster than torch's Mersenne Twister gives two per 32-bit word; on a GPU, torch's generator of that
+device, two per 32-bit word. The random stream differs from torch's dropout, so a run
 with the flag is not the bit-for-bit twin of one without it; off by default.
 """
 import math
@@ -19,13 +19,20 @@ import torch
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 
+@torch.compiler.disable  # numpy's memory is no tensor torch.compile can trace
+def _cpu_int16(n):
+    if n == 0:
+        return torch.empty(0, dtype=torch.int16)
+    # a path for CPU tensors only: reading the seed and wrapping numpy's memory wait for no device
+    seed = torch.randint(0, 2**62, (1,)).tolist()[0]
+    words = np.random.PCG64DXSM(seed).random_raw((n + 3) // 4)
+    return torch.frombuffer(words, dtype=torch.int16)[:n]
+
+
 def uniform_int16(n, device=None):
     """N independent draws, uniform over the 65536 int16 values."""
     if device is None or torch.device(device).type == "cpu":
-        # a path for CPU tensors only: reading the seed and wrapping numpy's memory wait for no device
-        seed = torch.randint(0, 2**62, (1,)).tolist()[0]
-        words = np.random.PCG64DXSM(seed).random_raw((n + 3) // 4)
-        return torch.frombuffer(words, dtype=torch.int16)[:n]
+        return _cpu_int16(n)
     bits = torch.randint(-2**31, 2**31 - 1, ((n + 1) // 2,), dtype=torch.int32, device=device)
     return bits.view(torch.int16)[:n]
 

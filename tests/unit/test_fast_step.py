@@ -112,7 +112,20 @@ def test_fast_dropout_draws_are_uniform_independent_and_follow_torch_manual_seed
     # neighbouring draws are uncorrelated
     x = draws.double()
     assert abs(torch.corrcoef(torch.stack([x[:-1], x[1:]]))[0, 1]) < 0.01
-    assert uniform_int16(5).numel() == 5
+    assert uniform_int16(5).numel() == 5 and fast_dropout(torch.ones(0, 3), 0.4).shape == (0, 3)
+
+
+def test_fast_dropout_under_torch_compile_draws_the_eager_masks():
+    x = torch.randn(64, 48, requires_grad=True)
+    step = lambda t: (fast_dropout(t.relu(), 0.4) * t).sum()  # noqa: E731
+    compiled = torch.compile(step, backend="eager")
+    torch.manual_seed(5)
+    eager = step(x)
+    (g_eager,) = torch.autograd.grad(eager, x)
+    torch.manual_seed(5)
+    out = compiled(x)
+    (g_compiled,) = torch.autograd.grad(out, x)
+    assert torch.equal(out, eager) and torch.equal(g_compiled, g_eager)
 
 
 def test_fast_dropout_model_swaps_every_dropout(tiny_data):
