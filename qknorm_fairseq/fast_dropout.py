@@ -6,11 +6,10 @@ gl->en training update (bf16, d = 256, profiled with torch.profiler) went into i
 kept when a uniform 16-bit draw falls below round(65536 (1 - p)) (keep probability exact to
 1/65536), and the mask is stored as 0 or 1 / (1 - p) in the activations' dtype, so forward and
 backward are one multiplication each (`bash scripts/benchmark.sh kernels` times it against torch's).
-The draws: on a CPU, numpy's PCG64DXSM generator, seeded for every mask from torch's generator (so
-torch.manual_seed, which fairseq calls at every update, fixes them), gives four per 64-bit word,
-faster than torch's Mersenne Twister gives two per 32-bit word; on a GPU, torch's generator of that
-device, two per 32-bit word. The random stream differs from torch's dropout, so a run
-with the flag is not the bit-for-bit twin of one without it; off by default.
+The draws: on a CPU four per 64-bit word of numpy's PCG64DXSM generator, seeded for every mask from
+torch's generator (so torch.manual_seed, which fairseq calls at every update, fixes them); on a GPU
+two per 32-bit word of that device's torch generator. The random stream differs from torch's
+dropout, so a run with the flag is not the bit-for-bit twin of one without it; off by default.
 """
 import math
 
