@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
-from .fast_dropout import fast_dropout, swap_dropouts
+from .fast_dropout import swap_dropouts
 
 # --*-attention NAME -> (scores, weights)
 ATTENTIONS = {"softmax": ("dot", "softmax"), "qknorm": ("qknorm", "softmax"), "dnas": ("dot", "dnas"),
@@ -61,10 +61,11 @@ def dnas_log_weights(scores, query_pad=None):
 class NormAttention(MultiheadAttention):
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, self_attention=False,
                  encoder_decoder_attention=False, attention_type="softmax", qknorm_p=2.0, qknorm_g0=1.0,
-                 causal=False, fast_dropout=False):
+                 causal=False, fast_dropout=False, attention_kernel="sdpa"):
         super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
                          self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention)
         self.fast_dropout = fast_dropout
+        self.attention_kernel = attention_kernel
         if fast_dropout:
             swap_dropouts(self)
         self.scores, self.weights = ATTENTIONS[attention_type]
@@ -168,21 +169,22 @@ class NormAttention(MultiheadAttention):
         return out, weights
 
     def _fused(self, q, k, v, key_padding_mask, attn_mask):
-        """Softmax attention through scaled_dot_product_attention (fused kernels where available)."""
+        """Softmax attention in the weights' precision: through scaled_dot_product_attention (fused
+        kernels where available) or, with --attention-kernel matmul, as matmul, softmax, matmul."""
         if self.scores == "qknorm":
             q, scale = q * self.qk_scale.to(q.dtype), 1.0  # fold g into q
         else:
             scale = self.scaling
         dropout_p = self.dropout_module.p if self.training else 0.0
-        if self.fast_dropout and dropout_p > 0:
-            # scaled_dot_product_attention draws its own dropout mask (bernoulli_): the same steps
-            # spelt out, with --fast-dropout's mask on the weights
+        # scaled_dot_product_attention draws its own dropout mask (bernoulli_): --fast-dropout's mask
+        # needs the steps spelt out
+        if self.attention_kernel == "matmul" or (self.fast_dropout and dropout_p > 0):
             scores = torch.matmul(q if scale == 1.0 else q * scale, k.transpose(-1, -2))
             mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
             if mask is not None:
                 scores = scores + mask
             probs = torch.softmax(scores, dim=-1)  # CPU and CUDA kernels accumulate half precision in fp32
-            return torch.matmul(fast_dropout(probs, dropout_p), v)
+            return torch.matmul(self.dropout_module(probs), v)
         is_causal = self.causal and attn_mask is not None and key_padding_mask is None and q.size(2) == k.size(2)
         mask = None
         if not is_causal:

@@ -58,6 +58,10 @@ class QKNormConfig(FairseqDataclass):
         default=False, metadata={"help": "dropout masks from torch.rand instead of torch's bernoulli_ (about 3x "
                                          "faster on a CPU; the same distribution, another random stream; "
                                          "qknorm_fairseq/fast_dropout.py)"})
+    attention_kernel: ChoiceEnum(["sdpa", "matmul"]) = field(
+        default="sdpa", metadata={"help": "softmax attention through torch's scaled_dot_product_attention (sdpa: "
+                                          "fused kernels) or as matmul, softmax, matmul (on a CPU faster than sdpa's "
+                                          "flash kernel, 4x in bf16: benchmark.sh kernels; another rounding)"})
     positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "

@@ -133,7 +133,8 @@ def _wrap(layer, cfg):
 
 def _attention(cfg, embed_dim, heads, kind, **kw):
     return NormAttention(embed_dim, heads, dropout=cfg.attention_dropout, attention_type=kind,
-                         qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0, fast_dropout=cfg.fast_dropout, **kw)
+                         qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0, fast_dropout=cfg.fast_dropout,
+                         attention_kernel=cfg.attention_kernel, **kw)
 
 
 def _swap_dropouts(module, cfg):

@@ -5,7 +5,8 @@ process on the CPU (process CPU time, one thread by default).
 
 Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
 torch.linalg.vector_norm on (tokens, heads, dim / heads); --fast-dropout's dropout against torch's
-(p = 0.4) on (tokens, 4 dim), in fp32 and bf16; --fused-loss's label-smoothed loss against the criterion's
+(p = 0.4) on (tokens, 4 dim), and --attention-kernel matmul against scaled_dot_product_attention on
+(tokens / 24, heads, 24, dim / heads), in fp32 and bf16; --fused-loss's label-smoothed loss against the criterion's
 path through fp32 log_softmax on bf16 logits (tokens, vocab). Prints (and with --out writes OUT.md)
 the median microseconds per call, forward and forward + backward, and the ratio to the reference.
 """
@@ -22,12 +23,19 @@ HELP = "norm and l_p-normalisation kernels against their references (CPU)"
 def run(opts):
     from fairseq.modules import LayerNorm
 
-    from qknorm_fairseq.attention import lp_normalize
+    from qknorm_fairseq.attention import NormAttention, lp_normalize
     from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
     from qknorm_fairseq.fast_dropout import fast_dropout
     from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
     d, hd = opts.dim, opts.dim // opts.heads
+
+    def attention(kernel):  # NormAttention's softmax attention of x to x (queries, keys, values)
+        module = NormAttention(d, opts.heads, self_attention=True, attention_kernel=kernel)
+        return lambda x: module._fused(x, x, x, None, None)
+
+    sdpa_attention, matmul_attention = attention("sdpa"), attention("matmul")
+    sentences = max(1, opts.tokens // 24)
 
     def reference_lp(p):
         return lambda x: x / torch.linalg.vector_norm(x, ord=p, dim=-1, keepdim=True).clamp(min=1e-6)
@@ -44,7 +52,10 @@ def run(opts):
     for tag, dtype in (("fp32", f32), ("bf16", bf16)):
         cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, (opts.tokens, 4 * d), dtype),
                   (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"torch dropout {tag}", (opts.tokens, 4 * d),
-                   dtype)]
+                   dtype),
+                  (f"sdpa attention {tag}", sdpa_attention, None, (sentences, opts.heads, 24, hd), dtype),
+                  (f"matmul attention {tag}", matmul_attention, f"sdpa attention {tag}",
+                   (sentences, opts.heads, 24, hd), dtype)]
     target = torch.randint(4, opts.vocab, (opts.tokens,), generator=torch.Generator().manual_seed(0))
     every = torch.ones(opts.vocab, dtype=torch.bool)
     cases += [("log_softmax loss bf16", lambda x: masked_label_smoothed_nll_loss(
@@ -73,7 +84,8 @@ def run(opts):
     lines = [f"# Kernel micro-benchmark (CPU, {torch.get_num_threads()} threads, {opts.reps} interleaved "
              f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
              f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}); "
-             f"dropout on ({opts.tokens}, {4 * d}); loss on ({opts.tokens}, {opts.vocab}).", "",
+             f"dropout on ({opts.tokens}, {4 * d}); attention on "
+             f"({sentences}, {opts.heads}, 24, {hd}); loss on ({opts.tokens}, {opts.vocab}).", "",
              "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
     for name, _, ref, *_ in cases:
         row = [name]

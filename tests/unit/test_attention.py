@@ -80,9 +80,12 @@ def test_encoder_self_attention_matches_naive(kind, p):
         ref_out, ref_w = naive(attn, x, x, key_pad=pad)
         out, w = attn(x, x, x, key_padding_mask=pad, need_weights=True, need_head_weights=True)
         fast, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
+        attn.attention_kernel = "matmul"
+        matmul, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
     valid = ~pad.t()[:, :, None]  # outputs at padded positions are unused
     assert torch.allclose(out * valid, ref_out * valid, atol=1e-5)
     assert torch.allclose(fast * valid, ref_out * valid, atol=1e-5)
+    assert torch.allclose(matmul * valid, ref_out * valid, atol=1e-5)
     w = w.transpose(0, 1)  # (bsz, heads, tgt, src)
     for b in range(3):
         n = int((~pad[b]).sum())
@@ -102,8 +105,11 @@ def test_causal_self_attention_matches_naive(kind):
         out, w = attn(x, x, x, attn_mask=future, need_head_weights=True)
         attn.causal = True  # is_causal fast path
         fast, _ = attn(x, x, x, attn_mask=future, need_weights=False)
+        attn.attention_kernel = "matmul"
+        matmul, _ = attn(x, x, x, attn_mask=future, need_weights=False)
     assert torch.allclose(out, ref_out, atol=1e-5)
     assert torch.allclose(fast, ref_out, atol=1e-5)
+    assert torch.allclose(matmul, ref_out, atol=1e-5)
     assert torch.allclose(w.transpose(0, 1), ref_w, atol=1e-5)
 
 
@@ -114,7 +120,40 @@ def test_cross_attention_matches_naive(kind):
     with torch.no_grad():
         ref_out, _ = naive(attn, q, kv, key_pad=pad)
         out, _ = attn(q, kv, kv, key_padding_mask=pad, need_weights=False, static_kv=True)
+        attn.attention_kernel = "matmul"
+        matmul, _ = attn(q, kv, kv, key_padding_mask=pad, need_weights=False, static_kv=True)
     assert torch.allclose(out, ref_out, atol=1e-5)
+    assert torch.allclose(matmul, ref_out, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "qknorm"])
+def test_matmul_kernel_trains_as_sdpa_and_drops_attention_weights(kind):
+    """--attention-kernel matmul: the gradients of scaled_dot_product_attention's, and in training
+    with attention dropout the weights of the need_weights path times torch's dropout mask."""
+    x, pad = padded_batch()
+    grads = {}
+    for kernel in ("sdpa", "matmul"):
+        torch.manual_seed(1)
+        attn = make(kind, attention_kernel=kernel).train()  # dropout 0: the two paths are deterministic
+        x_ = x.clone().requires_grad_()
+        out, _ = attn(x_, x_, x_, key_padding_mask=pad, need_weights=False)
+        (out * ~pad.t()[:, :, None]).square().sum().backward()
+        grads[kernel] = [x_.grad] + [p.grad for p in attn.parameters()]
+    for a, b in zip(grads["sdpa"], grads["matmul"]):
+        assert torch.allclose(a, b, atol=1e-5)
+
+    attn = make(kind, attention_kernel="matmul", dropout=0.5)
+    with torch.no_grad():
+        _, w = attn(x, x, x, key_padding_mask=pad, need_head_weights=True)  # eval: no dropout
+        v = attn.v_proj(x).view(6, 3, H, HD).permute(1, 2, 0, 3)
+        attn.train()
+        torch.manual_seed(7)
+        out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
+        torch.manual_seed(7)
+        kept = torch.nn.functional.dropout(torch.ones(3, H, 6, 6), 0.5)  # the mask of the same draw
+    expected = torch.matmul(w.transpose(0, 1) * kept, v).permute(2, 0, 1, 3).reshape(6, 3, D)
+    assert torch.allclose(out, attn.out_proj(expected), atol=1e-5)
+    assert not torch.allclose(out, attn.eval()(x, x, x, key_padding_mask=pad, need_weights=False)[0], atol=1e-3)
 
 
 def test_dnas_rows_sum_to_one_and_lemma_1():

@@ -55,7 +55,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
     names = {name for name, _ in times}
     assert names == {"LayerNorm", "ScaleNorm", "RMSNorm", "vector_norm p=2", "lp_normalize p=2",
                      "vector_norm p=4", "lp_normalize p=4", "torch dropout fp32", "fast_dropout fp32",
-                     "torch dropout bf16", "fast_dropout bf16", "log_softmax loss bf16", "fused loss bf16"}
+                     "torch dropout bf16", "fast_dropout bf16", "sdpa attention fp32", "matmul attention fp32",
+                     "sdpa attention bf16", "matmul attention bf16", "log_softmax loss bf16", "fused loss bf16"}
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
     md = out.with_suffix(".md").read_text()
     assert md in capsys.readouterr().out

@@ -135,6 +135,33 @@ def test_fast_dropout_model_swaps_every_dropout(tiny_data):
     assert all(a.fast_dropout for a in model.modules() if hasattr(a, "qk_scale"))
 
 
+SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+@pytest.mark.parametrize("arch", ["transformer_prenorm", "transformer_qknorm"])
+def test_matmul_attention_kernel_reaches_every_attention_and_trains_as_sdpa(tiny_data, arch, monkeypatch):
+    """--attention-kernel matmul: no attention of the model calls scaled_dot_product_attention, and
+    its loss and gradients are sdpa's up to rounding."""
+    results = {}
+    for kernel in ("sdpa", "matmul"):
+        model, task = build(tiny_data / "bin", arch, "--attention-kernel", kernel, "--dropout", "0",
+                            "--attention-dropout", "0", "--activation-dropout", "0", "--word-dropout", "0")
+        src, lengths, prev = batch(task)
+        calls = []
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda *a, _calls=calls, **k: _calls.append(1) or SDPA(*a, **k))
+        model.train()
+        loss = model(src, lengths, prev)[0].float().logsumexp(-1).sum()
+        loss.backward()
+        monkeypatch.undo()
+        assert {a.attention_kernel for a in model.modules() if hasattr(a, "attention_kernel")} == {kernel}
+        assert bool(calls) == (kernel == "sdpa")
+        results[kernel] = [loss] + [p.grad for p in model.parameters() if p.grad is not None]
+    for a, b in zip(results["sdpa"], results["matmul"], strict=True):
+        # FixNorm's embedding gradients are ~1e3; k_proj's bias gets rounding noise (~1e-9) only
+        assert (a - b).abs().max() <= 1e-5 * a.abs().max() + 1e-6
+
+
 def test_encoder_without_its_padding_test_is_fairseqs_encoder(tiny_data):
     """Our encoder always passes the padding mask (no host sync); fairseq's passes None when a batch
     has no padding. Same outputs, bit for bit, with and without padding."""
