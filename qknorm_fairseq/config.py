@@ -60,8 +60,8 @@ class QKNormConfig(FairseqDataclass):
                                          "qknorm_fairseq/fast_dropout.py)"})
     attention_kernel: ChoiceEnum(["sdpa", "matmul"]) = field(
         default="sdpa", metadata={"help": "softmax attention through torch's scaled_dot_product_attention (sdpa: "
-                                          "fused kernels) or as matmul, softmax, matmul (on a CPU faster than sdpa's "
-                                          "flash kernel, 4x in bf16: benchmark.sh kernels; another rounding)"})
+                                          "fused kernels) or as matmul, softmax, matmul (on a CPU in bf16 0.17x sdpa's "
+                                          "time, forward and backward: benchmark.sh kernels; another rounding)"})
     positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "
