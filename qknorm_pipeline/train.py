@@ -29,7 +29,7 @@ from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
 from .names import run_name
-from .paths import cpu_has_bf16, folders, short
+from .paths import cpu_has_bf16, cpu_name, folders, short
 
 TAG = "train"
 ENTRY = "qknorm_pipeline.fairseq_train"  # fairseq-train with --bf16 usable on a CPU (see its docstring)
@@ -79,6 +79,38 @@ def has_gpu():
         code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
         _GPU["any"] = subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
     return _GPU["any"]
+
+
+# fp32 time / bf16 time of one matrix product of the gl-en study's shapes, best of ten each: native
+# bf16 instructions do not make bf16 fast everywhere (2.5x fp32 on an AMD EPYC with AVX512-BF16, 0.6x
+# on an Intel Xeon with AVX512-BF16 but no AMX, both 2 cores)
+BF16_PROBE = """
+import time, torch
+a, b = torch.randn(4096, 256), torch.randn(256, 1024)
+def best(x, y):
+    for _ in range(3):
+        x @ y
+    times = []
+    for _ in range(10):
+        t = time.perf_counter()
+        x @ y
+        times.append(time.perf_counter() - t)
+    return min(times)
+print(best(a, b) / best(a.bfloat16(), b.bfloat16()))
+"""
+_BF16 = {}
+
+
+def cpu_bf16_speedup(env=None):
+    """BF16_PROBE's ratio on this CPU (above 1: bf16 is the faster), measured once per process in a
+    child process with the run's environment (its threads)."""
+    if "speedup" not in _BF16:
+        out = subprocess.run([sys.executable, "-c", BF16_PROBE], capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            raise UserError(f"--precision bf16: the bf16 speed probe failed ({(out.stderr.strip().splitlines() or ['?'])[-1]}); "
+                            "check that torch imports, or train in fp32 (drop --precision)")
+        _BF16["speedup"] = float(out.stdout)
+    return _BF16["speedup"]
 
 
 def gpu_count():
@@ -146,10 +178,10 @@ def plan(pair, system, opts, where=None, recipe=None):
         args += [] if opts.precision == "fp32" else [f"--{opts.precision}"]
         device = f"{opts.gpus or 1} GPU(s) ({opts.precision})"
     else:
-        check_cpu_precision(opts.precision)
+        env = recipes.cpu_env(cfg)
+        check_cpu_precision(opts.precision, env)
         args += ["--cpu"] + ([] if opts.precision == "fp32" else ["--bf16"])
         device = f"CPU ({opts.precision})"
-        env = recipes.cpu_env(cfg)
     args += opts.extra
     return _run(pair, system, name, [*launcher, ENTRY, *args], args, save_dir, where, device, env, split)
 
@@ -176,15 +208,23 @@ def _run(pair, system, name, cmd, args, save_dir, where, device, env, split=""):
                int(last_value(args, "--max-update")), device, env, split)
 
 
-def check_cpu_precision(precision):
+def check_cpu_precision(precision, env=None):
     """fp32 anywhere; bf16 on a CPU that multiplies bf16 natively (elsewhere torch emulates it, slower
-    than fp32); fp16 never (CPUs have no fast fp16 training path)."""
+    than fp32), with a warning where BF16_PROBE finds it slower than fp32 all the same (ENV: the
+    run's); fp16 never (CPUs have no fast fp16 training path)."""
     if precision == "fp16":
         raise UserError("--precision fp16 needs a GPU; none is visible to torch: on a CPU use bf16 (with native "
                         "bf16 support) or fp32")
     if precision == "bf16" and not cpu_has_bf16():
         raise UserError("--precision bf16: this CPU has no native bf16 instructions (AVX512-BF16, AMX or ARM BF16), "
                         "so bf16 would run emulated, slower than fp32; drop --precision (fp32)")
+    if precision == "bf16":
+        speedup = cpu_bf16_speedup(env)
+        if speedup < 1 and not _BF16.get("warned"):
+            _BF16["warned"] = True
+            log(TAG, f"warning: --precision bf16 on this CPU ({cpu_name()}): a bf16 matrix product runs at "
+                     f"{speedup:.2f}x the speed of fp32's (4096x256 by 256x1024), so bf16 trains slower than fp32 "
+                     "here; drop --precision for speed (training goes on in bf16, as asked)")
 
 
 def shown(cmd):
@@ -250,7 +290,8 @@ def parser():
                unknown_hint=" before PAIR SYSTEM; fairseq flags go after PAIR SYSTEM")
     p.add_argument("--precision", default="fp32", help=f"{'|'.join(recipes.PRECISIONS)} (default fp32): on a GPU any; "
                                                        "on a CPU bf16 where it has native bf16 instructions "
-                                                       "(AVX512-BF16, AMX), else an error")
+                                                       "(AVX512-BF16, AMX), else an error; a warning where "
+                                                       "bf16 still multiplies slower than fp32")
     p.add_argument("--schedule", help=f"LR schedule from the config's schedules: ({', '.join(base.schedules)}); "
                                       "default: the config's train.schedule")
     p.add_argument("--stopping", help=f"stopping rule from the config's stopping: ({', '.join(base.stopping)}); "

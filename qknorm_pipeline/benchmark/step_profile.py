@@ -8,7 +8,8 @@ during update K, counts:
 - ATen ops by phase (every op dispatched below autograd, views included): forward (the criterion:
   model and loss), backward, clip (the gradient norm and clipping, with the bf16 master copy),
   step (the optimizer step), other (the rest of the trainer's update: zero_grad, gradient scaling,
-  meters, the sample's preparation);
+  meters, the sample's preparation); and by name within each phase (ops_by_name), which is what
+  tells two rows' counts apart;
 - host-device syncs: ops whose result the host must read (`.item()`, `bool(t)`, `int(t)`:
   aten::_local_scalar_dense; data-dependent shapes: nonzero, masked_select, unique; equal,
   is_nonzero) on a tensor that would live on the device (not one made from a shape), and tensors
@@ -43,12 +44,13 @@ HOST = "_qknorm_on_host"
 class OpCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.phase, self.ops, self.syncs = "other", Counter(), []
+        self.phase, self.ops, self.by_name, self.syncs = "other", Counter(), Counter(), []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops[self.phase] += 1
         name = func.overloadpacket.__name__
+        self.by_name[self.phase, name] += 1
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         on_host = bool(inputs) and all(getattr(t, HOST, False) for t in inputs)
         if (name in SYNCS and not on_host) or name in H2D:
@@ -133,7 +135,10 @@ def watch(trainer_cls, update, out):
             crit.forward, opt.backward, self.clip_grad_norm, opt.step = saved
         batches, shapes, padding = epoch_shapes(self)
         ops = dict(counter.ops, total=sum(counter.ops.values()))
-        record = {"update": update, "ops": ops, "syncs": sum(s["kind"] == "sync" for s in counter.syncs),
+        by_name = {}
+        for (phase, name), n in counter.by_name.most_common():
+            by_name.setdefault(phase, {})[name] = n
+        record = {"update": update, "ops": ops, "ops_by_name": by_name, "syncs": sum(s["kind"] == "sync" for s in counter.syncs),
                   "h2d": sum(s["kind"] == "h2d" for s in counter.syncs), "sync_sites": counter.syncs,
                   "batches_per_epoch": batches, "shapes_per_epoch": shapes, "padding": padding,
                   "logging_update": update % self.cfg.common.log_interval == 0, **timed}

@@ -177,3 +177,21 @@ def test_throughput_stock_row_is_the_stock_recipe_at_the_pair_recipe_size():
     bf16 = throughput.stock_command(cfg, "bin", "save", gpu=False, precision="bf16")
     assert bf16[bf16.index("--cpu") + 1] == "--bf16" and "--cpu" not in throughput.stock_command(
         cfg, "bin", "save", gpu=True, precision="bf16")
+
+
+def test_step_profile_counts_ops_by_phase_and_by_name():
+    import torch
+
+    from qknorm_pipeline.benchmark.step_profile import OpCounter, phased
+
+    counter = OpCounter()
+    a, b = torch.randn(4, 3), torch.randn(3, 2)
+    forward = phased(counter, "forward", lambda: torch.relu(a @ b).sum())
+    with counter:
+        forward()
+        (a + 1).mul(2)
+    assert counter.by_name["forward", "mm"] == 1 and counter.by_name["forward", "relu"] == 1
+    assert counter.by_name["other", "add"] == 1 and counter.by_name["other", "mul"] == 1
+    assert ("forward", "add") not in counter.by_name
+    for phase, total in counter.ops.items():
+        assert total == sum(n for (p, _), n in counter.by_name.items() if p == phase)

@@ -273,6 +273,7 @@ def test_train_sh_precision_on_a_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("DATA_BIN", str(tmp_path))
     monkeypatch.setattr(train, "has_gpu", lambda: False)
     monkeypatch.setattr(train, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(train, "cpu_bf16_speedup", lambda env=None: 2.0)
     run = train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
     assert run.fairseq_args[-2:] == ["--cpu", "--bf16"] and run.where == "CPU (bf16)"
     assert "--bf16" not in train.plan("gl-en", "qknorm", train.Options()).fairseq_args
@@ -281,3 +282,36 @@ def test_train_sh_precision_on_a_cpu(monkeypatch, tmp_path):
         train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
     with pytest.raises(UserError, match="--precision fp16 needs a GPU"):
         train.plan("gl-en", "qknorm", train.Options(precision="fp16"))
+
+
+def test_bf16_slower_than_fp32_on_a_cpu_is_said_once(monkeypatch, tmp_path, capsys):
+    from qknorm_pipeline import train
+
+    monkeypatch.setenv("DATA_BIN", str(tmp_path))
+    monkeypatch.setattr(train, "has_gpu", lambda: False)
+    monkeypatch.setattr(train, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(train, "_BF16", {"speedup": 2.5})
+    train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
+    assert "warning" not in capsys.readouterr().err
+    monkeypatch.setattr(train, "_BF16", {"speedup": 0.61})
+    for _ in range(2):
+        run = train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "runs at 0.61x the speed of fp32's" in err and "drop --precision" in err
+    assert run.fairseq_args[-2:] == ["--cpu", "--bf16"]  # a warning, not a fallback
+
+
+def test_bf16_probe_times_this_cpu_once(monkeypatch):
+    from qknorm_pipeline import train
+    from qknorm_pipeline.cli import UserError
+
+    monkeypatch.setattr(train, "_BF16", {})
+    speedup = train.cpu_bf16_speedup()
+    assert 0.01 < speedup < 100
+    monkeypatch.setattr(train.subprocess, "run", lambda *a, **k: pytest.fail("probed twice"))
+    assert train.cpu_bf16_speedup() == speedup
+    monkeypatch.undo()
+    monkeypatch.setattr(train, "_BF16", {})
+    monkeypatch.setattr(train, "BF16_PROBE", "raise SystemExit('no bf16 kernels here')")
+    with pytest.raises(UserError, match=r"the bf16 speed probe failed \(no bf16 kernels here\)"):
+        train.cpu_bf16_speedup()
