@@ -107,8 +107,9 @@ def cpu_bf16_speedup(env=None):
     if "speedup" not in _BF16:
         out = subprocess.run([sys.executable, "-c", BF16_PROBE], capture_output=True, text=True, env=env)
         if out.returncode != 0:
-            raise UserError(f"--precision bf16: the bf16 speed probe failed ({(out.stderr.strip().splitlines() or ['?'])[-1]}); "
-                            "check that torch imports, or train in fp32 (drop --precision)")
+            why = (out.stderr.strip().splitlines() or ["?"])[-1]
+            raise UserError(f"--precision bf16: the bf16 speed probe failed ({why}); check that torch imports, "
+                            "or train in fp32 (drop --precision)")
         _BF16["speedup"] = float(out.stdout)
     return _BF16["speedup"]
 

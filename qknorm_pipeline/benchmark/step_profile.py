@@ -138,7 +138,8 @@ def watch(trainer_cls, update, out):
         by_name = {}
         for (phase, name), n in counter.by_name.most_common():
             by_name.setdefault(phase, {})[name] = n
-        record = {"update": update, "ops": ops, "ops_by_name": by_name, "syncs": sum(s["kind"] == "sync" for s in counter.syncs),
+        record = {"update": update, "ops": ops, "ops_by_name": by_name,
+                  "syncs": sum(s["kind"] == "sync" for s in counter.syncs),
                   "h2d": sum(s["kind"] == "h2d" for s in counter.syncs), "sync_sites": counter.syncs,
                   "batches_per_epoch": batches, "shapes_per_epoch": shapes, "padding": padding,
                   "logging_update": update % self.cfg.common.log_interval == 0, **timed}
