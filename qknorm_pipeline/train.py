@@ -82,8 +82,7 @@ def has_gpu():
 
 
 # fp32 time / bf16 time of one matrix product of the gl-en study's shapes, best of ten each: native
-# bf16 instructions do not make bf16 fast everywhere (2.5x fp32 on an AMD EPYC with AVX512-BF16 by issue
-# #38's measurement, 0.6x on an Intel Xeon with AVX512-BF16 but no AMX, both 2 cores)
+# bf16 instructions do not make bf16 fast on every CPU (docs/gpu.md has the measurements)
 BF16_PROBE = """
 import time, torch
 a, b = torch.randn(4096, 256), torch.randn(256, 1024)
