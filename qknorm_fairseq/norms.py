@@ -1,4 +1,5 @@
-"""Normalisation layers: LayerNorm, ScaleNorm and RMSNorm, by name (`--norm-type`) in NORMS.
+"""Normalisation layers: LayerNorm, ScaleNorm and RMSNorm, by name (`--norm-type`) in NORMS; and
+l2_normalize, the x / max(||x||_2, eps) of QKNorm's queries and keys and of FixNorm's embeddings.
 
 ScaleNorm (Nguyen & Salazar 2019): g * x / max(||x||_2, eps) with one learned scalar g,
 initialised to sqrt(d). RMSNorm (Zhang & Sennrich 2019): x / rms(x) with per-unit gains.
@@ -30,6 +31,45 @@ class _ScaleNormFunction(torch.autograd.Function):
         dx = torch.addcmul(dy, xhat, dot * unclamped, value=-1).mul_(inv * g)
         dg = dot.sum().reshape(g.shape) if ctx.needs_input_grad[1] else None
         return dx, dg, None
+
+
+def _fp32_norm(x):
+    # the dtype chosen in Python: torch.promote_types would be one more dispatched op per call
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=dtype)
+
+
+class _L2NormalizeFunction(torch.autograd.Function):
+    """x / max(||x||, eps) in fp32 (at least), cast back to x's dtype (--fused-normalize). The
+    forward is l2_normalize's plain ops (a division, not a product with the reciprocal), so outputs
+    are unchanged; the backward takes 7 ops where autograd's chain through the cast, division, clamp
+    and norm takes about 20 (issue #38: a QKNorm preset has 19 of these per update), and rounds
+    otherwise."""
+
+    @staticmethod
+    def forward(ctx, x, eps):
+        norm = _fp32_norm(x)
+        clamped = norm.clamp(min=eps)
+        y = x / clamped
+        ctx.save_for_backward(y, clamped, norm >= eps)
+        ctx.dtype = x.dtype
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        y, clamped, unclamped = ctx.saved_tensors
+        dy = dy.to(y.dtype)
+        # as ScaleNorm's: the radial part projected out, none where the norm was clamped
+        dot = (dy * y).sum(-1, keepdim=True).mul_(unclamped)
+        return torch.addcmul(dy, y, dot, value=-1).div_(clamped).to(ctx.dtype), None
+
+
+def l2_normalize(x, eps, fused=False):
+    """x / max(||x||_2, eps) along the last dim, computed in fp32 and returned in x's dtype; FUSED:
+    with _L2NormalizeFunction's backward where one is needed."""
+    if fused and torch.is_grad_enabled() and x.requires_grad:
+        return _L2NormalizeFunction.apply(x, eps)
+    return (x / _fp32_norm(x).clamp(min=eps)).to(x.dtype)
 
 
 class _RMSNormFunction(torch.autograd.Function):

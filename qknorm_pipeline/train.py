@@ -191,6 +191,8 @@ def plan_stock(pair, system, name, args, precision, where):
     ends in PAIR/NAME, plain fairseq-train without --user-dir."""
     gpu = has_gpu()
     args = args + ([] if gpu else ["--cpu"])
+    if not gpu:
+        check_cpu_precision(precision)
     # torch >= 2.6 loads with weights_only=True, which refuses fairseq 0.12's checkpoints (they pickle
     # an argparse.Namespace), so plain fairseq-train could not resume; our runs get an allow-list
     # from the plugin (qknorm_fairseq/checkpoint_compat.py), which this row must not load. It only

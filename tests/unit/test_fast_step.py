@@ -162,6 +162,35 @@ def test_matmul_attention_kernel_reaches_every_attention_and_trains_as_sdpa(tiny
         assert (a - b).abs().max() <= 1e-5 * a.abs().max() + 1e-6
 
 
+def test_fused_normalize_reaches_qknorm_and_fixnorm_with_the_same_loss(tiny_data, monkeypatch):
+    """--fused-normalize: every q/k and FixNorm normalisation takes the hand-written backward; the
+    loss is the same bit for bit, the gradients up to rounding."""
+    from qknorm_fairseq import norms
+
+    results = {}
+    for flag in ("--no-fused-normalize", "--fused-normalize"):
+        torch.manual_seed(0)
+        model, task = build(tiny_data / "bin", "transformer_qknorm", flag, "--dropout", "0", "--attention-dropout", "0",
+                            "--activation-dropout", "0", "--word-dropout", "0")
+        src, lengths, prev = batch(task)
+        calls = []
+        real = norms._L2NormalizeFunction.apply
+        monkeypatch.setattr(norms._L2NormalizeFunction, "apply",
+                            lambda *a, _calls=calls, _real=real: _calls.append(1) or _real(*a))
+        model.train()
+        loss = model(src, lengths, prev)[0].float().logsumexp(-1).sum()
+        loss.backward()
+        monkeypatch.undo()
+        attentions = [m for m in model.modules() if hasattr(m, "qk_scale")]
+        # q and k in each attention (encoder self, decoder self and cross) and FixNorm's one
+        assert len(calls) == (2 * len(attentions) + 1 if flag == "--fused-normalize" else 0)
+        results[flag] = [loss] + [p.grad for p in model.parameters() if p.grad is not None]
+    plain, fused = results.values()
+    assert torch.equal(plain[0], fused[0])
+    for a, b in zip(plain[1:], fused[1:], strict=True):
+        assert (a - b).abs().max() <= 1e-5 * a.abs().max() + 1e-6
+
+
 def test_encoder_without_its_padding_test_is_fairseqs_encoder(tiny_data):
     """Our encoder always passes the padding mask (no host sync); fairseq's passes None when a batch
     has no padding. Same outputs, bit for bit, with and without padding."""
@@ -269,6 +298,7 @@ def test_negative_length_buckets_is_an_error(tiny_data):
 def test_train_sh_precision_on_a_cpu(monkeypatch, tmp_path):
     from qknorm_pipeline import train
     from qknorm_pipeline.cli import UserError
+    from qknorm_pipeline.paths import folders
 
     monkeypatch.setenv("DATA_BIN", str(tmp_path))
     monkeypatch.setattr(train, "has_gpu", lambda: False)
@@ -282,6 +312,11 @@ def test_train_sh_precision_on_a_cpu(monkeypatch, tmp_path):
         train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
     with pytest.raises(UserError, match="--precision fp16 needs a GPU"):
         train.plan("gl-en", "qknorm", train.Options(precision="fp16"))
+    # a stock row (study.sh) alike: it once started emulated bf16 at 1/40 of fp32's speed
+    stock = ["bin", "--arch", "transformer", "--max-update", "10", "--save-dir", str(tmp_path / "gl-en" / "s")]
+    with pytest.raises(UserError, match="no native bf16 instructions .* drop --precision"):
+        train.plan_stock("gl-en", "fairseq_transformer", "s", stock, "bf16", folders())
+    assert "--bf16" not in train.plan_stock("gl-en", "fairseq_transformer", "s", stock, "fp32", folders()).fairseq_args
 
 
 def test_bf16_slower_than_fp32_on_a_cpu_is_said_once(monkeypatch, tmp_path, capsys):

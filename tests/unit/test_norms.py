@@ -1,11 +1,11 @@
-"""ScaleNorm, RMSNorm, FixNorm and SmallInit against their definitions."""
+"""ScaleNorm, RMSNorm, l2_normalize, FixNorm and SmallInit against their definitions."""
 import math
 
 import pytest
 import torch
 
 from qknorm_fairseq.fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
-from qknorm_fairseq.norms import RMSNorm, ScaleNorm
+from qknorm_fairseq.norms import RMSNorm, ScaleNorm, l2_normalize
 
 
 def test_scalenorm_definition():
@@ -81,6 +81,36 @@ def test_norm_functions_pass_gradcheck():
     w = torch.rand(6, dtype=torch.double, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: _ScaleNormFunction.apply(a, b, 1e-5), (x, g))
     assert torch.autograd.gradcheck(lambda a, b: _RMSNormFunction.apply(a, b, 1e-6), (x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_l2_normalize_outputs_the_plain_ops_and_their_gradient(dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(3, 5, 16) * 3).to(dtype)
+    x[1, 2] = 0.0  # a clamped norm: the gradient is dy/eps there
+    eps = 1e-6
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = l2_normalize(a, eps, fused=True)
+    # the plain ops' forward (QKNorm's without --fused-normalize), op for op: the same outputs, bit for bit
+    plain = (b / torch.linalg.vector_norm(b, dim=-1, keepdim=True, dtype=torch.float32).clamp(min=eps)).to(dtype)
+    assert y.dtype == dtype and torch.equal(y, plain)
+    dy = torch.randn(y.shape).to(dtype)
+    (y * dy).sum().backward()
+    # the gradient against autograd of the textbook formula in fp64
+    xd = x.double().requires_grad_()
+    (xd / xd.norm(dim=-1, keepdim=True).clamp(min=eps) * dy.double()).sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    got, ref, rows = a.grad.double(), xd.grad, torch.ones(3, 5, dtype=torch.bool)
+    rows[1, 2] = False
+    assert a.grad.dtype == dtype
+    assert torch.allclose(got[rows], ref[rows], rtol=tol, atol=tol * ref[rows].abs().max().item())
+    assert torch.allclose(got[1, 2], ref[1, 2], rtol=tol)  # dy / eps
+
+
+def test_l2_normalize_passes_gradcheck():
+    x = torch.randn(4, 6, dtype=torch.double)
+    x[2] = 0.0
+    assert torch.autograd.gradcheck(lambda a: l2_normalize(a, 1e-6, fused=True), (x.requires_grad_(),))
 
 
 def test_scalenorm_fixed_g_gets_no_gradient_and_keeps_bf16():
