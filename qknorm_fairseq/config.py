@@ -65,7 +65,7 @@ class QKNormConfig(FairseqDataclass):
     fused_normalize: bool = field(
         default=False, metadata={"help": "QKNorm's queries and keys (p = 2) and FixNorm's embeddings l2-normalised "
                                          "with a hand-written backward: the same outputs, ~8 fewer ops per "
-                                         "normalisation, forward and backward in 0.5x autograd's time on a CPU "
+                                         "normalisation, forward and backward in 0.4-0.5x autograd's time on a CPU "
                                          "(benchmark.sh kernels); another gradient rounding"})
     positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "

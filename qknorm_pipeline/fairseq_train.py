@@ -7,8 +7,7 @@
    torch_xla path and fails (`'NoneType' object has no attribute 'xrt_world_size'` under
    distributed training). Undone here when torch_xla is not installed; bf16 itself (model cast to
    bf16, fp32 master weights in fairseq's FP16Optimizer) is fairseq's own. `--cpu --bf16` on a CPU
-   without native bf16 instructions is an error (emulated bf16 ran at 0.03x fp32's matrix speed on an
-   AMD EPYC without AVX512).
+   without native bf16 instructions is an error (torch emulates bf16 there: docs/gpu.md, Precision).
 2. Several processes on CPUs. fairseq's default DDP backend cannot wrap a CPU model (see
    distributed.py); with `--cpu` and no `--ddp-backend` given, `legacy_ddp` is used instead.
 
