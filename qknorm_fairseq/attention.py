@@ -26,11 +26,11 @@ ATTENTIONS = {"softmax": ("dot", "softmax"), "qknorm": ("qknorm", "softmax"), "d
               "hnas": ("dot", "hnas"), "qknorm+dnas": ("qknorm", "dnas"), "qknorm+hnas": ("qknorm", "hnas")}
 
 
-def lp_normalize(x, p, eps=1e-6, fused=False):
+def lp_normalize(x, p, eps=1e-6):
     """x / max(||x||_p, eps) along the last dim, computed in fp32 (non-integer p is fragile in half
-    precision). FUSED: p = 2 with a hand-written backward (--fused-normalize)."""
+    precision)."""
     if p == 2:
-        return l2_normalize(x, eps, fused)
+        return l2_normalize(x, eps)
     xf = x.float()
     # torch.linalg.vector_norm(ord=p) for p != 2 takes a generic kernel many times slower than these
     # elementwise ops on CPU (`python -m qknorm_pipeline.benchmark kernels`). Even p skips abs().
@@ -59,12 +59,11 @@ def dnas_log_weights(scores, query_pad=None):
 class NormAttention(MultiheadAttention):
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, self_attention=False,
                  encoder_decoder_attention=False, attention_type="softmax", qknorm_p=2.0, qknorm_g0=1.0,
-                 causal=False, fast_dropout=False, attention_kernel="sdpa", fused_normalize=False):
+                 causal=False, fast_dropout=False, attention_kernel="sdpa"):
         super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
                          self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention)
         self.fast_dropout = fast_dropout
         self.attention_kernel = attention_kernel
-        self.fused_normalize = fused_normalize
         if fast_dropout:
             swap_dropouts(self)
         self.scores, self.weights = ATTENTIONS[attention_type]
@@ -124,8 +123,8 @@ class NormAttention(MultiheadAttention):
         if self.scores == "qknorm":
             # normalise before caching: incremental decoding then normalises each key once, not
             # every cached key (and the whole source, in cross-attention) again at every step
-            q = lp_normalize(q, self.p, fused=self.fused_normalize)
-            k = None if k is None else lp_normalize(k, self.p, fused=self.fused_normalize)
+            q = lp_normalize(q, self.p)
+            k = None if k is None else lp_normalize(k, self.p)
 
         if saved_state is not None:
             if "prev_key" in saved_state:

@@ -62,11 +62,6 @@ class QKNormConfig(FairseqDataclass):
         default="sdpa", metadata={"help": "softmax attention through torch's scaled_dot_product_attention (sdpa: "
                                           "fused kernels) or as matmul, softmax, matmul (on a CPU in bf16 0.17x sdpa's "
                                           "time, forward and backward: benchmark.sh kernels; another rounding)"})
-    fused_normalize: bool = field(
-        default=False, metadata={"help": "QKNorm's queries and keys (p = 2) and FixNorm's embeddings l2-normalised "
-                                         "with a hand-written backward: the same outputs, ~8 fewer ops per "
-                                         "normalisation, forward and backward in 0.4-0.5x autograd's time on a CPU "
-                                         "(benchmark.sh kernels); another gradient rounding"})
     positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "

@@ -12,19 +12,16 @@ from torch import nn
 from .norms import l2_normalize
 
 
-def _normalize(w, fused=False):
+def _normalize(w):
     # In fp32: F.normalize's eps (1e-12) is 0 in fp16, so the all-zero padding row became 0/0 = NaN
     # and fp16 training of every FixNorm preset stopped at its first step (seen on an H100).
-    # fused (--fused-normalize): the same forward with a hand-written backward.
-    if fused:
-        return l2_normalize(w, 1e-12, fused=True)
-    return F.normalize(w.float(), dim=-1).type_as(w)
+    # F.normalize(w.float(), dim=-1) to the bit, forward and backward, in fewer ops (norms.py).
+    return l2_normalize(w.float(), 1e-12).type_as(w)
 
 
 class FixNormEmbedding(nn.Embedding):
-    def __init__(self, num_embeddings, embedding_dim, padding_idx, fused_normalize=False):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx):
         super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
-        self.fused_normalize = fused_normalize
         nn.init.uniform_(self.weight, -0.01, 0.01)  # TwT section 3.2
         nn.init.zeros_(self.weight[padding_idx])
         self._cache = None
@@ -50,9 +47,9 @@ class FixNormEmbedding(nn.Embedding):
         w = self.weight
         if self.training or (w.requires_grad and torch.is_grad_enabled()):
             if not self._sharing:
-                return _normalize(w, self.fused_normalize)
+                return _normalize(w)
             if self._shared is None:
-                self._shared = _normalize(w, self.fused_normalize)
+                self._shared = _normalize(w)
             return self._shared
         # Decoding calls this once per step: in evaluation mode without gradients, cache the
         # normalised matrix while the weights have not changed (version counter, see train()).

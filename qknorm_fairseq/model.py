@@ -134,7 +134,7 @@ def _wrap(layer, cfg):
 def _attention(cfg, embed_dim, heads, kind, **kw):
     return NormAttention(embed_dim, heads, dropout=cfg.attention_dropout, attention_type=kind,
                          qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0, fast_dropout=cfg.fast_dropout,
-                         attention_kernel=cfg.attention_kernel, fused_normalize=cfg.fused_normalize, **kw)
+                         attention_kernel=cfg.attention_kernel, **kw)
 
 
 def _swap_dropouts(module, cfg):
@@ -304,8 +304,7 @@ class QKTransformerModel(TransformerModel):
         if getattr(args, "fixnorm", False):
             if path:
                 raise ValueError("--fixnorm with pretrained embeddings (--*-embed-path) is not supported")
-            return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad(),
-                                    fused_normalize=bool(getattr(args, "fused_normalize", False)))
+            return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad())
         return super().build_embedding(args, dictionary, embed_dim, path)
 
     @classmethod

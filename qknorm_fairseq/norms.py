@@ -40,34 +40,35 @@ def _fp32_norm(x):
 
 
 class _L2NormalizeFunction(torch.autograd.Function):
-    """x / max(||x||, eps) in fp32 (at least), cast back to x's dtype (--fused-normalize). The
-    forward is l2_normalize's plain ops (a division, not a product with the reciprocal), so outputs
-    are unchanged; the backward takes 7 ops where autograd's chain through the cast, division, clamp
-    and norm takes about 20 (issue #38: a QKNorm preset has 19 of these per update), and rounds
-    otherwise."""
+    """x / max(||x||, eps) in fp32 (at least), cast back to x's dtype, with a hand-written backward
+    that does autograd's arithmetic on the plain ops, rounding for rounding (the gradients are the
+    same bits), in 11 ATen ops (13 for bf16 x) where autograd's chain through the division, clamp and
+    norm dispatches 16 (19): issue #38, a QKNorm preset has 19 of these per update."""
 
     @staticmethod
     def forward(ctx, x, eps):
         norm = _fp32_norm(x)
         clamped = norm.clamp(min=eps)
         y = x / clamped
-        ctx.save_for_backward(y, clamped, norm >= eps)
-        ctx.dtype = x.dtype
+        ctx.save_for_backward(y, clamped, norm)
+        ctx.eps, ctx.dtype = eps, x.dtype
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        y, clamped, unclamped = ctx.saved_tensors
-        dy = dy.to(y.dtype)
-        # as ScaleNorm's: the radial part projected out, none where the norm was clamped
-        dot = (dy * y).sum(-1, keepdim=True).mul_(unclamped)
-        return torch.addcmul(dy, y, dot, value=-1).div_(clamped).to(ctx.dtype), None
+        y, clamped, norm = ctx.saved_tensors
+        g = dy.to(y.dtype)
+        # autograd's order: d/dx of x / c, and d/dc = -g * ((x / c) / c) summed, zero where clamped,
+        # through the norm as (x / ||x||) * d/dc, where x / ||x|| is y wherever it is not clamped
+        d_self = (g / clamped).to(ctx.dtype)
+        d_norm = (-g * (y / clamped)).sum(-1, keepdim=True).masked_fill_(norm < ctx.eps, 0)
+        return d_self.add_((y * d_norm).to(ctx.dtype)), None
 
 
-def l2_normalize(x, eps, fused=False):
-    """x / max(||x||_2, eps) along the last dim, computed in fp32 and returned in x's dtype; FUSED:
-    with _L2NormalizeFunction's backward where one is needed."""
-    if fused and torch.is_grad_enabled() and x.requires_grad:
+def l2_normalize(x, eps):
+    """x / max(||x||_2, eps) along the last dim, computed in fp32 and returned in x's dtype; with
+    _L2NormalizeFunction's backward where one is needed."""
+    if torch.is_grad_enabled() and x.requires_grad:
         return _L2NormalizeFunction.apply(x, eps)
     return (x / _fp32_norm(x).clamp(min=eps)).to(x.dtype)
 

@@ -210,16 +210,17 @@ def _run(pair, system, name, cmd, args, save_dir, where, device, env, split=""):
                int(last_value(args, "--max-update")), device, env, split)
 
 
-def check_cpu_precision(precision, env=None):
+def check_cpu_precision(precision, env=None, setting="--precision", fix=None):
     """fp32 anywhere; bf16 on a CPU that multiplies bf16 natively (elsewhere torch emulates it, slower
     than fp32), with a warning where BF16_PROBE finds it slower than fp32 all the same (ENV: the
-    run's); fp16 never (CPUs have no fast fp16 training path)."""
+    run's); fp16 never (CPUs have no fast fp16 training path). SETTING: where the user chose the
+    precision; FIX: what the error tells them to do instead."""
     if precision == "fp16":
-        raise UserError("--precision fp16 needs a GPU; none is visible to torch: on a CPU use bf16 (with native "
-                        "bf16 support) or fp32")
+        raise UserError(f"{setting} fp16 needs a GPU; none is visible to torch: "
+                        f"{fix or 'on a CPU use bf16 (with native bf16 support) or fp32'}")
     if precision == "bf16" and not cpu_has_bf16():
-        raise UserError("--precision bf16: this CPU has no native bf16 instructions (AVX512-BF16, AMX or ARM BF16), "
-                        "so bf16 would run emulated, slower than fp32; drop --precision (fp32)")
+        raise UserError(f"{setting} bf16: this CPU has no native bf16 instructions (AVX512-BF16, AMX or ARM BF16), "
+                        f"so bf16 would run emulated, slower than fp32; {fix or 'drop --precision (fp32)'}")
     if precision == "bf16":
         speedup = cpu_bf16_speedup(env)
         if speedup < 1 and not _BF16.get("warned"):

@@ -4,9 +4,9 @@ process on the CPU (process CPU time, one thread by default).
     python -m qknorm_pipeline.benchmark kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
 
 Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
-torch.linalg.vector_norm on (tokens, heads, dim / heads), and --fused-normalize's (p = 2) in fp32
-and bf16; --fast-dropout's dropout against torch's (p = 0.4) on (tokens, 4 dim) and
---attention-kernel matmul against scaled_dot_product_attention on (tokens / 24, heads, 24, dim / heads),
+torch.linalg.vector_norm on (tokens, heads, dim / heads), p = 2 also in bf16 (with gradients: the
+hand-written backward against autograd's); --fast-dropout's dropout against torch's (p = 0.4) on
+(tokens, 4 dim) and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24, heads, 24, dim / heads),
 each in fp32 and bf16; --fused-loss's label-smoothed loss against the criterion's path through fp32
 log_softmax on bf16 logits (tokens, vocab). Prints (and with --out writes OUT.md) the median
 microseconds per call, forward and forward + backward, and the ratio to the reference.
@@ -38,7 +38,7 @@ def run(opts):
     sdpa_attention, matmul_attention = attention("sdpa"), attention("matmul")
     sentences = max(1, opts.tokens // 24)
 
-    def reference_lp(p):  # the formula in autograd's ops, in fp32 (QKNorm's before its hand-written backward)
+    def reference_lp(p):  # the formula in autograd's ops, in fp32 (p = 2: the plain ops of norms.l2_normalize)
         return lambda x: (x / torch.linalg.vector_norm(x, ord=p, dim=-1, keepdim=True, dtype=torch.float32)
                           .clamp(min=1e-6)).to(x.dtype)
 
@@ -51,11 +51,10 @@ def run(opts):
         cases += [(f"vector_norm p={p:g}", reference_lp(p), None, (opts.tokens, opts.heads, hd), f32),
                   (f"lp_normalize p={p:g}", lambda x, p=p: lp_normalize(x, p), f"vector_norm p={p:g}",
                    (opts.tokens, opts.heads, hd), f32)]
-    if 2 in opts.p:  # QKNorm's p in every preset; forward alone (no gradient) it takes the plain ops
-        fused = lambda x: lp_normalize(x, 2, fused=True)  # noqa: E731
-        cases += [("--fused-normalize fp32", fused, "vector_norm p=2", (opts.tokens, opts.heads, hd), f32),
-                  ("vector_norm p=2 bf16", reference_lp(2), None, (opts.tokens, opts.heads, hd), bf16),
-                  ("--fused-normalize bf16", fused, "vector_norm p=2 bf16", (opts.tokens, opts.heads, hd), bf16)]
+    if 2 in opts.p:  # QKNorm's p in every preset, also on bf16 q and k
+        cases += [("vector_norm p=2 bf16", reference_lp(2), None, (opts.tokens, opts.heads, hd), bf16),
+                  ("lp_normalize p=2 bf16", lambda x: lp_normalize(x, 2), "vector_norm p=2 bf16",
+                   (opts.tokens, opts.heads, hd), bf16)]
     for tag, dtype in (("fp32", f32), ("bf16", bf16)):
         cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, (opts.tokens, 4 * d), dtype),
                   (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"torch dropout {tag}", (opts.tokens, 4 * d),

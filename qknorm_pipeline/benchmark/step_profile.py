@@ -20,7 +20,8 @@ costliest (self time; op_ms, top_ops);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
 all tokens, source and target together). --plain runs fairseq's own Trainer (plain fairseq-train,
-as the stock rows run); otherwise qknorm_pipeline.fairseq_train's.
+as the stock rows run); otherwise qknorm_pipeline.fairseq_train's, which here also trains --cpu
+--bf16 on a CPU without native bf16 (the counts do not depend on the instructions; the times do).
 """
 import json
 import sys
@@ -166,9 +167,14 @@ def main(argv=None):
 
         cli_main()
     else:
-        from ..fairseq_train import main as ours_main
+        from .. import fairseq_train
+        from ..paths import cpu_has_bf16
 
-        ours_main(args)
+        if "--bf16" in args and "--cpu" in args and not cpu_has_bf16():
+            print("[step_profile] this CPU emulates bf16: the op and sync counts are those of any CPU, op_ms and "
+                  "top_ops are not", file=sys.stderr)
+            fairseq_train.EMULATED_BF16_OK = True
+        fairseq_train.main(args)
 
 
 if __name__ == "__main__":

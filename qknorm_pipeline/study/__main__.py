@@ -27,6 +27,7 @@ import shlex
 import sys
 import time
 
+from .. import train as train_step
 from ..cli import Parser, UsageError, log, prog
 from ..cli import main as run_main
 from ..data.common import SPLITS
@@ -104,6 +105,10 @@ def run(a, invocation):
     where = folders().under(name)
     records_dir = os.path.join(where.results, "runs", cfg.pair)
     chosen, waiting = select(cfg, a, records_dir)
+    if not a.report_only and not train_step.has_gpu():
+        train_step.check_cpu_precision(cfg.precision, setting=f"{cfg.config}: precision:",
+                                       fix="run the study on a GPU or on a CPU that has them (every run of a study "
+                                           "trains in its config's precision)")
     prepare_data(cfg, where)
     if not a.report_only:
         runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run, waiting)

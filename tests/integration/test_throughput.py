@@ -2,12 +2,14 @@
 fairseq, on the tiny corpus (CPU mode)."""
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from qknorm_pipeline.paths import cpu_has_bf16, cpu_name
 
-from helpers import TINY_RECIPE, script
+from helpers import REPO, TINY_RECIPE, script, train_args
 
 
 def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_path):
@@ -70,3 +72,19 @@ def test_bf16_rows_on_a_cpu_with_bf16(tiny_data, tmp_path):
     assert "--cpu --bf16" in stock["command"] and "--bf16" in ours["command"]
     # the flat fp32 master: one tensor clipped and stepped, two multi-tensor copies
     assert ours["syncs"] == 1 and ours["ops"]["step"] < 20 and ours["ops"]["clip"] < 20
+
+
+def test_step_profile_counts_a_bf16_update_on_any_cpu(tiny_data, tmp_path):
+    """step_profile runs --cpu --bf16 also where torch emulates bf16 (op counts do not depend on the
+    instructions, and it says so): the flat fp32 master's few clip and step ops, one sync."""
+    out = tmp_path / "profile.json"
+    args = train_args(str(tiny_data / "bin"), str(tmp_path / "ckpt"), "transformer_qknorm", "--task", "translation_qk",
+                      "--optimizer", "multi_tensor_adam", "--clip-norm", "1.0", "--cpu", "--bf16", "--max-update", "5",
+                      "--disable-validation", "--no-save", "--log-interval", "100")
+    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.benchmark.step_profile", str(out), "--update", "4",
+                        "--", *args], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ("[step_profile] this CPU emulates bf16" in p.stderr) == (not cpu_has_bf16())
+    profile = json.loads(out.read_text())
+    assert profile["update"] == 4 and profile["syncs"] == 1
+    assert profile["ops"]["step"] < 20 and profile["ops"]["clip"] < 20

@@ -481,3 +481,16 @@ def test_lr_conclusions_keep_only_orderings_that_hold_at_both():
     assert rankings == {1.0: ["a", "b", "c", "d"], 2.0: ["b", "a", "c", "d"]}
     # a and b swap; c and d tie at both: no ordering between them
     assert hold == [("a", "c"), ("a", "d"), ("b", "c"), ("b", "d")]
+
+
+def test_a_bf16_study_on_a_cpu_without_bf16_stops_before_any_work_naming_its_config(monkeypatch, capsys):
+    from qknorm_pipeline.study import __main__ as study_main
+
+    monkeypatch.setattr(train_step, "has_gpu", lambda: False)
+    monkeypatch.setattr(train_step, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(study_main, "prepare_data", lambda *a: pytest.fail("prepared data before the check"))
+    assert study_main.main(["--config", NORM]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("[study] error: configs/studies/gl-en-norm.yaml: precision: bf16: this CPU has no native bf16 "
+                   "instructions (AVX512-BF16, AMX or ARM BF16), so bf16 would run emulated, slower than fp32; run the "
+                   "study on a GPU or on a CPU that has them (every run of a study trains in its config's precision)")
