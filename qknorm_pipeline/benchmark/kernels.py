@@ -6,10 +6,11 @@ process on the CPU (process CPU time, one thread by default).
 Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
 torch.linalg.vector_norm on (tokens, heads, dim / heads), p = 2 also in bf16 (with gradients: the
 hand-written backward against autograd's); --fast-dropout's dropout against torch's (p = 0.4) on
-(tokens, 4 dim) and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24, heads, 24, dim / heads),
-each in fp32 and bf16; --fused-loss's label-smoothed loss against the criterion's path through fp32
-log_softmax on bf16 logits (tokens, vocab). Prints (and with --out writes OUT.md) the median
-microseconds per call, forward and forward + backward, and the ratio to the reference.
+(tokens, 4 dim) and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
+heads, 24, dim / heads), each in fp32 and bf16; --fused-loss's label-smoothed loss against the
+criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab). Prints (and with --out
+writes OUT.md) the median microseconds per call, forward and forward + backward, and the ratio to
+the reference.
 """
 import statistics
 import time

@@ -106,9 +106,10 @@ def run(a, invocation):
     records_dir = os.path.join(where.results, "runs", cfg.pair)
     chosen, waiting = select(cfg, a, records_dir)
     if not a.report_only and not train_step.has_gpu():
+        where_to = "on a GPU" + (" or on a CPU that has them" if cfg.precision == "bf16" else "")
         train_step.check_cpu_precision(cfg.precision, setting=f"{cfg.config}: precision:",
-                                       fix="run the study on a GPU or on a CPU that has them (every run of a study "
-                                           "trains in its config's precision)")
+                                       fix=f"run the study {where_to} (every run of a study trains in its config's "
+                                           "precision)")
     prepare_data(cfg, where)
     if not a.report_only:
         runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run, waiting)

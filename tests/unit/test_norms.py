@@ -122,11 +122,9 @@ def test_l2_normalize_is_autograds_plain_ops_to_the_bit(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fixnorm_normalisation_is_f_normalize_to_the_bit(dtype):
-    from qknorm_fairseq.fixnorm import _normalize
-
     for w, dy in _cases(dtype):
         a, b = w.clone().requires_grad_(), w.clone().requires_grad_()
-        y, ref = _normalize(a), torch.nn.functional.normalize(b.float(), dim=-1).type_as(b)
+        y, ref = fixnorm._normalize(a), torch.nn.functional.normalize(b.float(), dim=-1).type_as(b)
         assert y.dtype == dtype and torch.equal(_bits(y), _bits(ref))
         y.backward(dy)
         ref.backward(dy)

@@ -483,7 +483,7 @@ def test_lr_conclusions_keep_only_orderings_that_hold_at_both():
     assert hold == [("a", "c"), ("a", "d"), ("b", "c"), ("b", "d")]
 
 
-def test_a_bf16_study_on_a_cpu_without_bf16_stops_before_any_work_naming_its_config(monkeypatch, capsys):
+def test_a_bf16_study_on_a_cpu_without_bf16_stops_before_any_work_naming_its_config(monkeypatch, capsys, tmp_path):
     from qknorm_pipeline.study import __main__ as study_main
 
     monkeypatch.setattr(train_step, "has_gpu", lambda: False)
@@ -494,3 +494,9 @@ def test_a_bf16_study_on_a_cpu_without_bf16_stops_before_any_work_naming_its_con
     assert err == ("[study] error: configs/studies/gl-en-norm.yaml: precision: bf16: this CPU has no native bf16 "
                    "instructions (AVX512-BF16, AMX or ARM BF16), so bf16 would run emulated, slower than fp32; run the "
                    "study on a GPU or on a CPU that has them (every run of a study trains in its config's precision)")
+    fp16 = tmp_path / "fp16.yaml"
+    fp16.write_text(open(NORM).read().replace("precision: bf16", "precision: fp16"))
+    assert study_main.main(["--config", str(fp16)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("precision: fp16 needs a GPU; none is visible to torch: run the study on a GPU (every run "
+                        "of a study trains in its config's precision)"), err
