@@ -26,8 +26,9 @@ from .paths import folders
 TAG = "download"
 
 
-def download(pair, source=None, force=False, where=None):
-    """$DATA_DIR/PAIR/raw/{train,dev,test}.{src,tgt}, unless already there."""
+def download(pair, source=None, force=False, where=None, data=None):
+    """$DATA_DIR/PAIR/raw/{train,dev,test}.{src,tgt}, unless already there. DATA: the data settings
+    (source, expected_lines, exact_sources) instead of the pair config's (a study's corpus)."""
     where = where or folders()
     out = os.path.join(where.data, pair, "raw")
     if not force and processes.is_done(out):
@@ -42,7 +43,7 @@ def download(pair, source=None, force=False, where=None):
 
         if os.path.exists(os.path.join(out, ".done")):
             os.remove(os.path.join(out, ".done"))
-        fetch_pair(pair, out, os.path.join(where.data, "downloads"), source)
+        fetch_pair(pair, out, os.path.join(where.data, "downloads"), source, data)
     processes.mark_done(out)
     log(TAG, f"{pair}: done -> {out}")
     return out

@@ -18,6 +18,7 @@ from importlib import metadata
 
 from .cli import Parser
 from .cli import main as run_main
+from .data import fetch
 from .paths import ROOT
 
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
@@ -56,11 +57,7 @@ def code_files(root=None):
 
 
 def file_digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return fetch.file_digest(path, "sha256")
 
 
 def versions():

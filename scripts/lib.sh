@@ -9,10 +9,11 @@ VENV=${VENV:-$ROOT/.venv}
 
 # Creates or reuses .venv (scripts/install.sh is idempotent) and puts it first on PATH.
 # QKNORM_USE_ENV=1 uses the Python environment already on PATH instead (a cluster's module, a
-# container with no internet): nothing is installed, the imports are checked.
+# container with no internet): nothing is installed; that fairseq and sacrebleu are there is checked
+# by finding them, not importing them (an import of fairseq takes seconds, at every script's start).
 activate_env() {
   if [[ ${QKNORM_USE_ENV:-0} == 1 ]]; then
-    python -c 'import fairseq, sacrebleu' 2>/dev/null || {
+    python -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("fairseq", "sacrebleu")))' 2>/dev/null || {
       printf '[%s] error: QKNORM_USE_ENV=1 but %s cannot import fairseq and sacrebleu: install them, or unset QKNORM_USE_ENV to build .venv/\n' \
         "$(basename "$0" .sh)" "$(command -v python || echo python)" >&2
       exit 1

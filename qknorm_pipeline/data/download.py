@@ -86,13 +86,13 @@ def write_split_files(data, out, src, tgt, meta):
             json.dump(meta, f, indent=2)
 
 
-def download(pair, out, cache, source=None):
+def download(pair, out, cache, source=None, data=None):
     known = [p for p in recipes.available_pairs() if p != "demo"]
     if pair not in recipes.available_pairs():
         raise UsageError(f"unknown pair {pair!r}: downloadable pairs are {', '.join(known)}; for your own "
                         f"corpus run: bash scripts/prepare.sh --pair {pair} --src-dir DIR")
     cfg = recipes.load(pair)
-    data_cfg = cfg.data
+    data_cfg = data or cfg.data
     src, tgt = cfg.src, cfg.tgt
     candidates = sources.sources_for(data_cfg.source, src, tgt)
     if source:

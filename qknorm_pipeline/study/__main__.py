@@ -6,11 +6,12 @@ decoding alike; a report of test BLEU with significance tests over seeds and sen
 wall time and dev-BLEU curves.
 
 usage: bash scripts/study.sh [--config FILE] [--systems "a b"] [--seeds N] [--max-update N]
-                             [--report-only] [--dry-run] [--verbose]
+                             [--source-dir DIR] [--report-only] [--dry-run] [--verbose]
        (python -m qknorm_pipeline.study takes the same arguments)
 
 Steps, each resumable (the study spans sessions; re-run the same command to go on):
-  1. the corpus at the config's source_dir prepared into the study's own $DATA_DIR/NAME and
+  1. the config's corpus (downloaded once, or copied from its dir: or --source-dir DIR; its line
+     counts and sha256 checked at every call) prepared into the study's own $DATA_DIR/NAME and
      $DATA_BIN/NAME (skipped when done)
   2. every run (qknorm_pipeline/study/runs.py): trained, its best-dev and last checkpoints decoded,
      its record written to $RESULTS_DIR/NAME/runs/PAIR/RUN/ (kept in git)
@@ -30,30 +31,24 @@ import time
 from .. import train as train_step
 from ..cli import Parser, UsageError, log, prog
 from ..cli import main as run_main
-from ..data.common import SPLITS
 from ..paths import folders, short
-from . import config, records, report, runs
+from . import config, corpus, records, report, runs
 
 TAG = "study"
 
 
-def prepare_data(cfg, where):
-    """The study's corpus, prepared into its own folders; also for --report-only (the records'
-    scores name the reference test set it holds)."""
+def prepare_data(cfg, where, source_dir=None):
+    """The study's corpus, fetched once and checked, prepared into its own folders; also for
+    --report-only (the records' scores name the reference test set it holds)."""
     from ..prepare import prepare
     from ..reproduce import into_log
 
-    src = config.source_dir(cfg)
-    for split in SPLITS:
-        for lang in cfg.pair.split("-"):
-            if not os.path.isfile(os.path.join(src, f"{split}.{lang}")):
-                raise UsageError(f"missing {os.path.join(src, f'{split}.{lang}')}: the study needs its corpus there "
-                                 f"(source_dir in {cfg.config})")
     data_log = os.path.join(where.logs, cfg.pair, "data.log")
     os.makedirs(os.path.dirname(data_log), exist_ok=True)
+    raw = corpus.ensure(cfg, where, source_dir, log)
     t0 = time.time()
     with into_log(data_log):
-        prepare(cfg.pair, src_dir=src, tokenized=True, where=where)
+        prepare(cfg.pair, src_dir=raw, tokenized=True, where=where)
     log(TAG, f"data: {short(os.path.join(where.data_bin, cfg.pair))} ready in {time.time() - t0:.0f} s "
              f"(log {short(data_log)})")
 
@@ -70,7 +65,10 @@ def parser():
                                                   "folders named NAME-uN, apart from the study's")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild the report from the records of the chosen runs (every one must be finished); "
-                        "it needs the corpus at source_dir, whose prepared test set is the reference")
+                        "it needs the study's corpus, whose prepared test set is the reference")
+    p.add_argument("--source-dir", help="take the study's corpus from this folder ({train,dev,test}.{xx,yy}, checked "
+                                        "against the config's line counts and sha256) instead of its corpus: source "
+                                        "or dir; copied into the study's $DATA_DIR/NAME/PAIR/raw, used from there on")
     p.add_argument("--dry-run", action="store_true",
                    help="print every run's state (same, more-updates, different: ..., to train) and the "
                         "command.txt its record would hold; train nothing")
@@ -110,7 +108,7 @@ def run(a, invocation):
         train_step.check_cpu_precision(cfg.precision, setting=f"{cfg.config}: precision:",
                                        fix=f"run the study {where_to} (every run of a study trains in its config's "
                                            "precision)")
-    prepare_data(cfg, where)
+    prepare_data(cfg, where, a.source_dir)
     if not a.report_only:
         runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run, waiting)
         if waiting and not a.dry_run:  # the grid's records now name each system's best rate

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional
 
 from .. import recipes
 from ..cli import UsageError
+from ..data.common import SPLITS
 from ..names import run_name
 from ..paths import ROOT, shareable
 
@@ -78,10 +79,22 @@ class Claim:
 
 
 @dataclass
+class Corpus:
+    """The study's corpus: a download (source: a dataset of qknorm_pipeline/data/sources.py, fetched
+    for the study's pair) or a folder (dir:, relative to the repository root), not both; its line
+    counts per split and sha256 per file, checked at every call where given."""
+
+    source: Optional[str] = None
+    dir: Optional[str] = None
+    expected_lines: Dict[str, int] = field(default_factory=dict)  # {train: N, dev: N, test: N}
+    sha256: Dict[str, str] = field(default_factory=dict)  # {train.gl: HEX, ...}
+
+
+@dataclass
 class Study:
     name: str = "???"
     pair: str = "???"
-    source_dir: str = "???"
+    corpus: Corpus = field(default_factory=Corpus)
     model: ModelSize = field(default_factory=ModelSize)
     budget: Budget = field(default_factory=Budget)
     dev_bleu: DevBleu = field(default_factory=DevBleu)
@@ -129,12 +142,22 @@ def load(path):
         raise StudyError(f"{shareable(path)}: precision {cfg.precision!r}: use one of {', '.join(recipes.PRECISIONS)}")
     if cfg.lr_grid and cfg.lr_multipliers:
         raise StudyError(f"{shareable(path)}: give lr_grid or lr_multipliers, not both")
+    if bool(cfg.corpus.source) == bool(cfg.corpus.dir):
+        raise StudyError(f"{shareable(path)}: corpus: give source: (a download) or dir: (a folder), one of them")
+    for key, known in (("expected_lines", SPLITS), ("sha256", corpus_files(cfg))):
+        unknown = [k for k in getattr(cfg.corpus, key) if k not in known]
+        if unknown:
+            raise StudyError(f"{shareable(path)}: corpus: {key}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     for c in cfg.claims:
         for s in (c.better, c.worse):
             if s not in all_systems(cfg):
                 raise StudyError(f"{shareable(path)}: claims: {s!r} ({c.paper}) is not one of its systems "
                                  f"({' '.join(all_systems(cfg))})")
     return cfg
+
+
+def corpus_files(cfg):
+    return [f"{split}.{lang}" for split in SPLITS for lang in cfg.pair.split("-")]
 
 
 def all_systems(cfg):
@@ -262,7 +285,3 @@ def stock_args(cfg, run, rec, data_bin, save_dir, max_update=None):
     """fairseq-train's arguments for a stock row of the study."""
     return recipes.stock_args(rec, stock_flags(cfg, rec, run), data_bin, save_dir, run.seed,
                               [*model_flags(cfg.model), *schedule_flags(cfg, max_update), *precision_flags(cfg)])
-
-
-def source_dir(cfg):
-    return cfg.source_dir if os.path.isabs(cfg.source_dir) else os.path.join(ROOT, cfg.source_dir)

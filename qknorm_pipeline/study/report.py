@@ -27,7 +27,7 @@ from ..paths import cpu_name, shareable
 from ..scoring.compare import fmt_mean_sd, mean_sd
 from ..scoring.score import score_runs
 from ..scoring.significance import format_p, holm, pooled_variance, seed_t_test, sentence_variance
-from . import config
+from . import config, corpus
 from .config import StudyError
 from .records import read_run
 
@@ -356,7 +356,7 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
              f"Settings: {cfg.config}; d = {m.embed_dim}, {m.layers}+{m.layers} layers, {m.heads} heads, ffn "
              f"{m.ffn_dim}; {n} updates of at most 4,096 tokens in {cfg.precision}; warmup {warmup}; greedy dev BLEU every {interval} "
              f"updates picks checkpoint_best.pt; test: beam 4, GNMT α 0.6, the TwT search, for every system. Data: "
-             f"{cfg.source_dir} (its own split, not the papers').", ""]
+             f"{corpus.describe(cfg)} (its own split, not the papers').", ""]
     if lrs:
         lines += lr_section(cfg, lrs, rankings, hold, peak_lr)
     lines += ["## Test BLEU at " + ("each system's best learning rate of the grid" if cfg.lr_grid else

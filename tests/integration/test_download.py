@@ -488,3 +488,37 @@ def test_concurrent_fetches_of_one_file_do_not_interleave(tmp_path, http_url, si
         list(pool.map(lambda _: fetch.fetch(f"{http_url}/{name}", dest, expect), range(2)))
     assert open(dest, "rb").read() == (site / name).read_bytes()
     assert os.listdir(tmp_path) == ["t.tar.gz"]
+
+
+def test_a_study_downloads_its_corpus_once_with_strict_counts_and_checks_its_bytes(tmp_path, monkeypatch, configs,
+                                                                                 base_url):
+    from qknorm_pipeline.paths import Folders
+    from qknorm_pipeline.study import config, corpus
+    from qknorm_pipeline.study.config import StudyError
+
+    point(monkeypatch, base_url)  # the TED archive dead: the ted_multi parquet shards serve it
+    want = {s: expected_pairs(s, "gl", "en") for s in SPLITS}
+    text = {f"{s}.{lang}": "".join(p[i] + "\n" for p in want[s]).encode() for s in SPLITS for i, lang in enumerate(("gl", "en"))}
+
+    def study(**corpus_cfg):
+        cfg = yaml.safe_load(open(os.path.join(REPO, "configs", "studies", "gl-en-norm.yaml")))
+        cfg["corpus"] = {"source": "ted_multi", **corpus_cfg}
+        (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
+        return config.load(str(tmp_path / "study.yaml"))
+
+    where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results"))).under("study-x")
+    # a count the source does not give: every source fails strictly, nothing is written
+    with pytest.raises(DataError, match="line counts differ from the expected split"):
+        corpus.ensure(study(expected_lines={"train": 99}), where, log=lambda *a: None)
+    assert not os.path.exists(os.path.join(where.data, "gl-en", "raw"))
+    cfg = study(expected_lines={s: len(want[s]) for s in SPLITS},
+                sha256={n: hashlib.sha256(t).hexdigest() for n, t in text.items()})
+    raw = corpus.ensure(cfg, where, log=lambda *a: None)
+    assert raw == str(tmp_path / "data" / "study-x" / "gl-en" / "raw")
+    assert {n: open(os.path.join(raw, n), "rb").read() for n in text} == text
+    assert json.loads(open(os.path.join(raw, "SOURCE.json")).read())["source"] == "hf-ted_multi"
+    point(monkeypatch, base_url, wayback="dead", hf="nowhere")  # done once: no source is asked again
+    assert corpus.ensure(cfg, where, log=lambda *a: None) == raw
+    bad = study(sha256={"test.en": "0" * 64})
+    with pytest.raises(StudyError, match="test.en is not the corpus of the study's records"):
+        corpus.ensure(bad, where, log=lambda *a: None)

@@ -148,6 +148,20 @@ def test_module_usage_errors_are_one_line_and_exit_2(module, argv, message):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs a system /usr/bin/python3 to stand for a bare Python")
+def test_a_python_without_fairseq_under_qknorm_use_env_is_one_line_naming_the_fix(tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to("/usr/bin/python3")
+    if subprocess.run([bare / "python", "-c", "import fairseq"], capture_output=True).returncode == 0:
+        pytest.skip("/usr/bin/python3 has fairseq: it cannot stand for a Python without it")
+    p = sh("train.sh", "demo", "qknorm", PATH=f"{bare}{os.pathsep}{os.environ['PATH']}", PYTHONPATH="")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1, (p.returncode, p.stderr)
+    assert lines[0] == (f"[train] error: QKNORM_USE_ENV=1 but {bare}/python cannot import fairseq and sacrebleu: "
+                        "install them, or unset QKNORM_USE_ENV to build .venv/"), lines[0]
+
+
 def test_a_wrong_fairseq_flag_is_one_line_and_exit_2(tiny_data, tmp_path):
     import shutil
 

@@ -24,7 +24,7 @@ def _smoke_study(tmp_path, **overrides):
         (src / f"{split}.gl").write_text("".join(" ".join(s) + "\n" for s in sents))
         (src / f"{split}.en").write_text("".join(" ".join("w" + w[3:] for w in reversed(s)) + "\n" for s in sents))
     cfg = yaml.safe_load(open(CONFIG))
-    cfg.update(source_dir=str(src), model={"embed_dim": 32, "ffn_dim": 64, "layers": 1, "heads": 2},
+    cfg.update(corpus={"dir": str(src)}, model={"embed_dim": 32, "ffn_dim": 64, "layers": 1, "heads": 2},
                lr_multipliers=[], **overrides)
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump(cfg))
