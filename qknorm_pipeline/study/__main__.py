@@ -45,7 +45,7 @@ def prepare_data(cfg, where, source_dir=None):
 
     data_log = os.path.join(where.logs, cfg.pair, "data.log")
     os.makedirs(os.path.dirname(data_log), exist_ok=True)
-    raw = corpus.ensure(cfg, where, source_dir, log)
+    raw = corpus.ensure(cfg, where, source_dir)
     t0 = time.time()
     with into_log(data_log):
         prepare(cfg.pair, src_dir=raw, tokenized=True, where=where)

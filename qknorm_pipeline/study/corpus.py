@@ -6,6 +6,7 @@ import shutil
 from types import SimpleNamespace
 
 from .. import processes
+from ..cli import log
 from ..data.common import SPLITS
 from ..data.fetch import BLOCK, file_digest
 from ..files import atomic_dir
@@ -63,7 +64,7 @@ def download(cfg, where):
     fetch_pair(cfg.pair, where=where, data=data)
 
 
-def ensure(cfg, where, source_dir=None, log=print):
+def ensure(cfg, where, source_dir=None, log=log):
     """$DATA_DIR/NAME/PAIR/raw with the study's corpus, checked: from SOURCE_DIR when given (copied
     again), else as it is once there, else from corpus: dir: or the corpus: source: download."""
     out = os.path.join(where.data, cfg.pair, "raw")
