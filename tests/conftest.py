@@ -8,8 +8,10 @@ import shutil
 
 import pytest
 
-# Tiny models: one thread each is fastest, and avoids oversubscribing the 2-core CI machine.
+# Tiny models: one thread each is fastest, and avoids oversubscribing the 2-core CI machine (a
+# recipe's cpu.threads pins MKL_NUM_THREADS where it is unset: one per core, two trainings, four threads).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from helpers import environment, fairseq, run, train_cmd, write_reverse_corpus  # noqa: E402
