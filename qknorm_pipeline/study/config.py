@@ -82,7 +82,9 @@ class Claim:
 class Corpus:
     """The study's corpus: a download (source: a dataset of qknorm_pipeline/data/sources.py, fetched
     for the study's pair) or a folder (dir:, relative to the repository root), not both; its line
-    counts per split and sha256 per file, checked at every call where given."""
+    counts per split and sha256 per file, checked at every call where given. A study config may give
+    instead the file name of another study config (beside it, else in configs/studies/), whose corpus
+    it shares."""
 
     source: Optional[str] = None
     dir: Optional[str] = None
@@ -134,6 +136,14 @@ def load(path):
         raise StudyError(f"study config {path!r} not found (see configs/studies/)")
     with open(path, encoding="utf-8") as f:
         layer = yaml.safe_load(f) or {}
+    if isinstance(layer.get("corpus"), str):  # another study's corpus, by its config's file name
+        beside = os.path.join(os.path.dirname(path), layer["corpus"])
+        other = beside if os.path.isfile(beside) else os.path.join(os.path.dirname(DEFAULT), layer["corpus"])
+        if not os.path.isfile(other):
+            raise StudyError(f"{shareable(path)}: corpus: {layer['corpus']}: no such study config beside it or in "
+                             "configs/studies/")
+        with open(other, encoding="utf-8") as f:
+            layer["corpus"] = (yaml.safe_load(f) or {}).get("corpus")
     cfg = recipes.structured(Study, [layer, {"config": shareable(path)}], shareable(path))
     for system in cfg.systems:
         if system in cfg.stock.rows:

@@ -16,10 +16,6 @@ from .config import StudyError, corpus_files
 TAG = "study"
 
 
-def sha256(path):
-    return file_digest(path, "sha256")
-
-
 def count_lines(path):
     with open(path, "rb") as f:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(BLOCK), b""))
@@ -34,13 +30,13 @@ def check(cfg, folder, origin):
         if not os.path.isfile(path):
             raise StudyError(f"{origin}: no {name}: the study's corpus needs {' '.join(corpus_files(cfg))}")
         split = name.split(".")[0]
-        want = c.expected_lines.get(split)
-        if want is not None and count_lines(path) != want:
-            raise StudyError(f"{origin}: {name} has {count_lines(path)} lines where {cfg.config} expects {want} "
+        want, got = c.expected_lines.get(split), count_lines(path)
+        if want is not None and got != want:
+            raise StudyError(f"{origin}: {name} has {got} lines where {cfg.config} expects {want} "
                              f"(corpus: expected_lines): not the study's corpus")
-        want = c.sha256.get(name)
-        if want and sha256(path) != want:
-            raise StudyError(f"{origin}: {name} is not the corpus of the study's records (sha256 {sha256(path)[:16]}..., "
+        want, got = c.sha256.get(name), file_digest(path, "sha256")
+        if want and got != want:
+            raise StudyError(f"{origin}: {name} is not the corpus of the study's records (sha256 {got[:16]}..., "
                              f"{cfg.config} corpus: sha256: {want[:16]}...): runs on it would not compare with the "
                              "recorded ones; give --source-dir the corpus they used, or copy the config under a new "
                              "name: without sha256 for a study of this corpus")
@@ -64,7 +60,7 @@ def download(cfg, where):
     fetch_pair(cfg.pair, where=where, data=data)
 
 
-def ensure(cfg, where, source_dir=None, log=log):
+def ensure(cfg, where, source_dir=None):
     """$DATA_DIR/NAME/PAIR/raw with the study's corpus, checked: from SOURCE_DIR when given (copied
     again), else as it is once there, else from corpus: dir: or the corpus: source: download."""
     out = os.path.join(where.data, cfg.pair, "raw")

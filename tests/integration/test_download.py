@@ -509,16 +509,16 @@ def test_a_study_downloads_its_corpus_once_with_strict_counts_and_checks_its_byt
     where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results"))).under("study-x")
     # a count the source does not give: every source fails strictly, nothing is written
     with pytest.raises(DataError, match="line counts differ from the expected split"):
-        corpus.ensure(study(expected_lines={"train": 99}), where, log=lambda *a: None)
+        corpus.ensure(study(expected_lines={"train": 99}), where)
     assert not os.path.exists(os.path.join(where.data, "gl-en", "raw"))
     cfg = study(expected_lines={s: len(want[s]) for s in SPLITS},
                 sha256={n: hashlib.sha256(t).hexdigest() for n, t in text.items()})
-    raw = corpus.ensure(cfg, where, log=lambda *a: None)
+    raw = corpus.ensure(cfg, where)
     assert raw == str(tmp_path / "data" / "study-x" / "gl-en" / "raw")
     assert {n: open(os.path.join(raw, n), "rb").read() for n in text} == text
     assert json.loads(open(os.path.join(raw, "SOURCE.json")).read())["source"] == "hf-ted_multi"
     point(monkeypatch, base_url, wayback="dead", hf="nowhere")  # done once: no source is asked again
-    assert corpus.ensure(cfg, where, log=lambda *a: None) == raw
+    assert corpus.ensure(cfg, where) == raw
     bad = study(sha256={"test.en": "0" * 64})
     with pytest.raises(StudyError, match="test.en is not the corpus of the study's records"):
-        corpus.ensure(bad, where, log=lambda *a: None)
+        corpus.ensure(bad, where)
