@@ -157,9 +157,10 @@ def last_value(args, flag, default=0):
     return value
 
 
-def plan(pair, system, opts, where=None, recipe=None):
+def plan(pair, system, opts, where=None, recipe=None, check=True):
     """The Run of PAIR SYSTEM with OPTS: the command, its folders and environment. RECIPE: a recipe
-    of PAIR to use instead of its configs (a study's)."""
+    of PAIR to use instead of its configs (a study's). CHECK: refuse a precision this machine cannot
+    train in (a dry run shows the command all the same)."""
     where = where or folders()
     name = opts.name or run_name(system, opts.seed, opts.schedule)
     data_bin = os.path.join(where.data_bin, pair)
@@ -179,19 +180,20 @@ def plan(pair, system, opts, where=None, recipe=None):
         device = f"{opts.gpus or 1} GPU(s) ({opts.precision})"
     else:
         env = recipes.cpu_env(cfg)
-        check_cpu_precision(opts.precision, env)
+        if check:
+            check_cpu_precision(opts.precision, env)
         args += ["--cpu"] + ([] if opts.precision == "fp32" else ["--bf16"])
         device = f"CPU ({opts.precision})"
     args += opts.extra
     return _run(pair, system, name, [*launcher, ENTRY, *args], args, save_dir, where, device, env, split)
 
 
-def plan_stock(pair, system, name, args, precision, where):
+def plan_stock(pair, system, name, args, precision, where, check=True):
     """The Run of a stock fairseq row SYSTEM named NAME: ARGS from recipes.stock_args, whose --save-dir
-    ends in PAIR/NAME, plain fairseq-train without --user-dir."""
+    ends in PAIR/NAME, plain fairseq-train without --user-dir. CHECK: as plan's."""
     gpu = has_gpu()
     args = args + ([] if gpu else ["--cpu"])
-    if not gpu:
+    if not gpu and check:
         check_cpu_precision(precision)
     # torch >= 2.6 loads with weights_only=True, which refuses fairseq 0.12's checkpoints (they pickle
     # an argparse.Namespace), so plain fairseq-train could not resume; our runs get an allow-list

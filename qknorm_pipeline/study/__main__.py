@@ -29,7 +29,7 @@ import sys
 import time
 
 from .. import train as train_step
-from ..cli import Parser, UsageError, log, prog
+from ..cli import Parser, UsageError, UserError, log, prog
 from ..cli import main as run_main
 from ..paths import folders, short
 from . import config, corpus, records, report, runs
@@ -105,9 +105,14 @@ def run(a, invocation):
     chosen, waiting = select(cfg, a, records_dir)
     if not a.report_only and not train_step.has_gpu():
         where_to = "on a GPU" + (" or on a CPU that has them" if cfg.precision == "bf16" else "")
-        train_step.check_cpu_precision(cfg.precision, setting=f"{cfg.config}: precision:",
-                                       fix=f"run the study {where_to} (every run of a study trains in its config's "
-                                           "precision)")
+        try:
+            train_step.check_cpu_precision(cfg.precision, setting=f"{cfg.config}: precision:",
+                                           fix=f"run the study {where_to} (every run of a study trains in its "
+                                               "config's precision)")
+        except UserError as e:
+            if not a.dry_run:
+                raise
+            log(TAG, f"note: this machine could not train these runs: {e}")  # a dry run trains nothing
     prepare_data(cfg, where, a.source_dir)
     if not a.report_only:
         runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run, waiting)

@@ -35,17 +35,18 @@ def portable(cmd, where):
     return shlex.join(out)
 
 
-def plan(cfg, run, rec, where, max_update=None):
-    """The train.Run of one of the study's runs: ours through the train step, a stock row plain."""
+def plan(cfg, run, rec, where, max_update=None, check=True):
+    """The train.Run of one of the study's runs: ours through the train step, a stock row plain.
+    CHECK: refuse a precision this machine cannot train in."""
     pair = cfg.pair
     if not run.stock:
         ours = cfg.systems[run.system]
         opts = train_step.Options(precision=cfg.precision, seed=run.seed, stopping=ours.stopping, schedule=cfg.schedule,
                                   name=run.name, extra=config.train_flags(cfg, run, rec, max_update))
-        return train_step.plan(pair, run.system, opts, where, recipe=rec)
+        return train_step.plan(pair, run.system, opts, where, recipe=rec, check=check)
     data_bin, save_dir = os.path.join(where.data_bin, pair), os.path.join(where.ckpt, pair, run.name)
     args = config.stock_args(cfg, run, rec, data_bin, save_dir, max_update)
-    return train_step.plan_stock(pair, run.system, run.name, args, cfg.precision, where)
+    return train_step.plan_stock(pair, run.system, run.name, args, cfg.precision, where, check=check)
 
 
 def record_text(cfg, planned, rec, where):
@@ -57,13 +58,7 @@ def record_text(cfg, planned, rec, where):
 
 def one_run(cfg, run, rec, where, records_dir, label, max_update=None, dry=False):
     """Train, evaluate and record RUN unless its record says it is finished."""
-    try:
-        planned = plan(cfg, run, rec, where, max_update)
-    except UserError as e:
-        if not dry:
-            raise
-        print(f"== {run.name}: cannot run on this machine: {e}")
-        return
+    planned = plan(cfg, run, rec, where, max_update, check=not dry)  # a dry run shows it on any machine
     command = record_text(cfg, planned, rec, where)
     rec_dir = os.path.join(records_dir, run.name)
     change = "to train"

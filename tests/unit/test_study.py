@@ -500,3 +500,30 @@ def test_a_bf16_study_on_a_cpu_without_bf16_stops_before_any_work_naming_its_con
     err = capsys.readouterr().err.strip()
     assert err.endswith("precision: fp16 needs a GPU; none is visible to torch: run the study on a GPU (every run "
                         "of a study trains in its config's precision)"), err
+
+
+def test_a_dry_run_of_a_bf16_study_on_a_cpu_without_bf16_shows_its_runs_and_says_this_machine_cannot_train_them(
+        monkeypatch, capsys, tmp_path):
+    from qknorm_pipeline.study import __main__ as study_main
+
+    monkeypatch.setattr(train_step, "has_gpu", lambda: False)
+    monkeypatch.setattr(train_step, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(study_main, "prepare_data", lambda *a: None)
+    monkeypatch.setenv("RESULTS_DIR", str(tmp_path / "results"))
+    runs = "qknorm_lr5e-4 fairseq_prenorm_lr5e-4"
+    assert study_main.main(["--config", NORM, "--runs", runs, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert ("] note: this machine could not train these runs: configs/studies/gl-en-norm.yaml: precision: bf16: "
+            "this CPU has no native bf16 instructions") in err
+    # each run's state and the command its record would hold (no device flag), as on a machine that can train it
+    for name in runs.split():
+        train = re.search(rf"^== {name}: to train\ntrain: (.*)$", out, re.M)
+        assert train and "--bf16" in train.group(1) and "--cpu" not in train.group(1), out
+    assert "--arch transformer_qknorm" in out and "--decoder-normalize-before" in out
+    # the runs themselves are refused, ours and stock alike
+    cfg = config.load(NORM)
+    rec = config.recipe(cfg)
+    where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results"))).under(cfg.name)
+    for run in config.runs(cfg, ["qknorm", "fairseq_prenorm"], 1):
+        with pytest.raises(train_step.UserError, match="^--precision bf16: this CPU has no native bf16"):
+            study_runs.plan(cfg, run, rec, where)
