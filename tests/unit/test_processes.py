@@ -33,6 +33,15 @@ DRIVER = textwrap.dedent("""
 """).format(child=CHILD)
 
 
+@pytest.fixture(autouse=True)
+def sigint_as_in_a_terminal():
+    """A suite started in the background (`cmd &`, as nohup jobs are) inherits SIGINT ignored, and so
+    would every child; a command typed in a terminal has Python's handler."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _ctrl_c(tmp_path, what):
     ready, log, out = tmp_path / "ready", tmp_path / "train.log", tmp_path / "generate.out"
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, what, str(ready), str(log), str(out)],
