@@ -59,7 +59,7 @@ class ValDecayConfig(FairseqDataclass):
         default=3, metadata={"help": "decay when the metric is worse than each of the previous N validations"}
     )
     decay_stop_lr: float = field(
-        default=-1, metadata={"help": "stop training once a decay takes the LR below this (TwT: 1e-5); -1: never"}
+        default=-1, metadata={"help": "stop training once a decay takes the LR below this (the TwT paper: 1e-6, its code: 5e-5); -1: never"}
     )
     lr: List[float] = II("optimization.lr")
     maximize_best_checkpoint_metric: bool = II("checkpoint.maximize_best_checkpoint_metric")

@@ -103,25 +103,38 @@ def ctrl_c_after(save):
     return saved
 
 
-def model_help(argv):
-    """The flags of --arch's model. fairseq prints --help before it adds them (it parses twice: the
-    first pass, which knows no model, answers --help), so `fairseq-train --arch X --help` never lists
-    them; this entry point prints them after fairseq's help."""
+def chosen_help(argv):
+    """The flags of the model, task, criterion, optimizer and scheduler ARGV chooses. fairseq prints
+    --help before it adds them (it parses twice: the first pass, which knows none of them, answers
+    --help), so `fairseq-train --arch X --help` never lists X's flags; this entry point prints them
+    after fairseq's help."""
     import argparse
 
+    from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.optim import OPTIMIZER_REGISTRY
+    from fairseq.optim.lr_scheduler import LR_SCHEDULER_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
 
-    arch = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--arch", "-a")), None)
-    if arch is None:
-        print("\n(add --arch ARCH to list that model's flags too)")
-        return
-    if arch not in ARCH_MODEL_REGISTRY:
-        return
-    model = ARCH_MODEL_REGISTRY[arch]
-    p = argparse.ArgumentParser(prog=f"--arch {arch}", add_help=False, usage=argparse.SUPPRESS)
-    model.add_args(p)
-    print(f"\nflags of --arch {arch} (model {model.__name__}; the preset sets some of them):")
-    print(p.format_help())
+    def given(*flags):
+        return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in flags), None)
+
+    if given("--arch", "-a") is None:
+        print("\n(add --arch ARCH to list that model's flags too; --task, --criterion, --optimizer and "
+              "--lr-scheduler likewise)")
+    for flags, registry, kind in ((("--arch", "-a"), ARCH_MODEL_REGISTRY, "model"), (("--task",), TASK_REGISTRY, "task"),
+                                  (("--criterion",), CRITERION_REGISTRY, "criterion"),
+                                  (("--optimizer",), OPTIMIZER_REGISTRY, "optimizer"),
+                                  (("--lr-scheduler",), LR_SCHEDULER_REGISTRY, "scheduler")):
+        name = given(*flags)
+        if name not in registry:
+            continue
+        cls = registry[name]
+        p = argparse.ArgumentParser(prog=f"{flags[0]} {name}", add_help=False, usage=argparse.SUPPRESS)
+        cls.add_args(p)
+        print(f"\nflags of {flags[0]} {name} ({kind} {cls.__name__}" + ("; the preset sets some of them):"
+                                                                         if kind == "model" else "):"))
+        print(p.format_help())
 
 
 def main(argv=None):
@@ -142,7 +155,7 @@ def main(argv=None):
         train.cli_main()
     except SystemExit as e:
         if e.code in (0, None) and any(a in ("-h", "--help") for a in argv):
-            model_help(argv)
+            chosen_help(argv)
         raise
 
 

@@ -67,8 +67,10 @@ def run(opts):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--convergence"]:
-        from ..study import main as study_main
+        from ..study.__main__ import main as study_main
 
+        if os.environ.get("QKNORM_DOOR"):  # its usage line names what the user typed
+            os.environ["QKNORM_DOOR"] += " --convergence"
         return study_main(argv[1:])
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["speed", *argv]

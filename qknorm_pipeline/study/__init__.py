@@ -4,6 +4,7 @@ learning rates and at a multiple of them, decoded alike, reported with significa
 seeds and sentences.
 
     config.py    the study's structured config, its runs, their training flags
+    corpus.py    the study's corpus: fetched or copied once, its line counts and sha256 checked
     records.py   a finished run's record (kept in git) and its training log's wall time and curve
     runs.py      training, evaluating and recording every run, resumable across sessions
     report.py    study.md, study.json, dev_bleu.png from the records

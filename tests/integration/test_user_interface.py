@@ -75,6 +75,13 @@ def test_every_script_answers_help_with_its_commands_options(script):
     assert not missing, f"{script} --help lacks {missing}"
 
 
+def test_benchmark_convergence_is_the_study_under_its_own_name():
+    p = sh("benchmark.sh", "--convergence", "--help")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stdout.startswith("usage: bash scripts/benchmark.sh --convergence [-h] [--config CONFIG]"), p.stdout[:200]
+    assert options_of(module_source("study")) <= set(re.findall(r"--[\w-]+", p.stdout))
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_every_module_answers_help_with_every_option(module):
     texts = []
@@ -96,6 +103,20 @@ def test_training_entry_point_answers_help_with_the_models_flags():
     p = py("fairseq_train", "--arch", "transformer_qknorm", "--help")
     model = p.stdout.split("flags of --arch transformer_qknorm (model QKTransformerModel")[1]
     assert p.returncode == 0 and all(f in model for f in ("--qknorm-p", "--positions", "--norm-type", "--fixnorm"))
+    # the plugin's task, criterion, optimizer and scheduler flags, each under its own heading
+    p = py("fairseq_train", "--arch", "transformer_qknorm", "--task", "translation_qk", "--criterion",
+           "masked_label_smoothed_cross_entropy", "--optimizer", "multi_tensor_adam", "--lr-scheduler", "val_decay", "--help")
+    assert p.returncode == 0, p.stderr[-2000:]
+    sections = re.split(r"^flags of (--[\w-]+ [\w_]+) ", p.stdout, flags=re.M)
+    flags = dict(zip(sections[1::2], sections[2::2]))
+    assert list(flags) == ["--arch transformer_qknorm", "--task translation_qk",
+                           "--criterion masked_label_smoothed_cross_entropy", "--optimizer multi_tensor_adam",
+                           "--lr-scheduler val_decay"]
+    for chosen, own in (("--task translation_qk", ("--length-buckets", "--compile", "--beam-search")),
+                        ("--criterion masked_label_smoothed_cross_entropy", ("--fused-loss", "--label-smoothing")),
+                        ("--optimizer multi_tensor_adam", ("--adam-betas",)),
+                        ("--lr-scheduler val_decay", ("--decay-stop-lr", "--decay-patience"))):
+        assert all(f in flags[chosen] for f in own), (chosen, flags[chosen])
 
 
 USAGE_ERRORS = [
