@@ -327,6 +327,13 @@ def run(a):
         a.words = a.words[1:]
     if len(a.words) < 2 or a.words[0].startswith("-"):
         raise UsageError("need PAIR and SYSTEM")
+    ours = set(parser()._option_string_actions) - {"-h", "--help"}
+    for word in a.words[2:]:
+        if word.split("=", 1)[0] in ours:
+            # fairseq would reject it, or, for --seed, train another seed into the recipe's run folder
+            raise UsageError(f"{word.split('=', 1)[0]} is train.sh's own option: put it before PAIR SYSTEM "
+                             f"(train.sh {word.split('=', 1)[0]} ... {a.words[0]} {a.words[1]}); the flags after "
+                             "them go to fairseq-train")
     if a.verbose:
         os.environ["VERBOSE"] = "1"
     opts = Options(a.precision, a.schedule, a.stopping, a.paper_qknorm_length, a.seed, a.name, a.gpus,

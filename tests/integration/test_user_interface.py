@@ -122,6 +122,11 @@ def test_training_entry_point_answers_help_with_the_models_flags():
 USAGE_ERRORS = [
     ("train.sh", ["--bogus", "demo", "postnorm"], "unknown option --bogus before PAIR SYSTEM; fairseq flags go after"),
     ("train.sh", ["demo"], "need PAIR and SYSTEM"),
+    # after PAIR SYSTEM fairseq would get it (--seed: another seed trained into the recipe's run folder)
+    ("train.sh", ["--dry-run", "demo", "qknorm", "--max-update", "9", "--seed", "3"],
+     "--seed is train.sh's own option: put it before PAIR SYSTEM (train.sh --seed ... demo qknorm); the flags after "
+     "them go to fairseq-train"),
+    ("train.sh", ["demo", "qknorm", "--name=x"], "--name is train.sh's own option: put it before PAIR SYSTEM"),
     ("train.sh", ["--precision"], "--precision needs a value"),
     ("train.sh", ["--precision", "fp8", "demo", "postnorm"], "--precision must be one of fp32, bf16, fp16"),
     ("train.sh", ["--dry-run", "demo", "nosuch"], "no system 'nosuch'"),
