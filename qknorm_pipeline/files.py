@@ -24,7 +24,13 @@ def split_lines(text):
 def read_lines(path):
     # newline="": no universal-newline translation, a lone "\r" stays inside its sentence
     with open(path, encoding="utf-8", newline="") as f:
-        return split_lines(f.read())
+        try:
+            return split_lines(f.read())
+        except UnicodeDecodeError as e:
+            from .cli import UserError
+
+            raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}): convert it, "
+                            "e.g. iconv -f LATIN1 -t UTF-8 FILE > FILE.utf8") from None
 
 
 @contextlib.contextmanager

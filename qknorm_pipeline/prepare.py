@@ -129,9 +129,9 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
         log(TAG, f"tokenized text up to date: {tok}")
     else:
         log(TAG, f"tokenizing {in_dir} ({raw_flag}, train length filter {max_len} tokens)")
-        for stale in (bpe_dir, out):  # downstream stages depend on this one
+        counts = tokenize_dir(in_dir, tok, src, tgt, not tokenized, max_len)  # checks the input, then replaces tok
+        for stale in (bpe_dir, out):  # built from the text just replaced; a bad input left them as they were
             shutil.rmtree(stale, ignore_errors=True)
-        counts = tokenize_dir(in_dir, tok, src, tgt, not tokenized, max_len)
         log(TAG, "lines: " + ", ".join(f"{k} {v['kept']}/{v['input']}" for k, v in counts.items()))
         processes.mark_done(tok, key_tok)
 
@@ -139,7 +139,6 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
     if up_to_date(bpe_dir, key_bpe):
         log(TAG, f"BPE up to date: {bpe_dir}")
     else:
-        shutil.rmtree(out, ignore_errors=True)
         with atomic_dir(bpe_dir) as tmp:
             if bpe == "fastbpe":
                 fastbpe(tok, tmp, src, tgt, merges, os.path.join(work, "applybpe.log"))
@@ -147,6 +146,7 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
                 log(TAG, f"training a joint SentencePiece BPE model (vocabulary {merges})")
                 spm_encode_dir(tok, tmp, src, tgt, merges)
             processes.mark_done(tmp, key_bpe)
+        shutil.rmtree(out, ignore_errors=True)  # binarized from the BPE just replaced
 
     # 3. binarize with a joined dictionary, then stats.json
     if up_to_date(out, key_bpe):

@@ -124,6 +124,32 @@ def test_errors_leave_no_output(tmp_path):
     assert p.returncode != 0 and "--bpe must be fastbpe or sentencepiece" in p.stderr
 
 
+def test_a_bad_new_input_leaves_a_prepared_pair_as_it_was(tmp_path):
+    from qknorm_pipeline.data import demo as demo_corpus
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    data = demo_corpus.generate(4, (("train", 300), ("dev", 30), ("test", 30)))
+    for folder in (good, bad):
+        folder.mkdir()
+        for split, pairs in data.items():
+            (folder / f"{split}.xx").write_text("".join(s + "\n" for s, _ in pairs))
+            (folder / f"{split}.yy").write_text("".join(t + "\n" for _, t in pairs))
+    sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(good), "--tokenized", "--merges", "100")
+    made = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.glob("data*/xx-yy/**/*") if p.is_file()}
+    assert any("data-bin" in str(k) for k in made) and any("bpe" in str(k) for k in made)
+    # another folder (a new input, so every stage would be redone) that fails its checks
+    (bad / "test.yy").write_text((bad / "test.yy").read_text() + "one more line\n")
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(bad), "--tokenized", "--merges", "100", ok=False)
+    assert p.returncode == 1 and "misaligned source/target line counts (30 vs 31)" in p.stderr
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.glob("data*/xx-yy/**/*") if p.is_file()} == made
+    (bad / "test.yy").write_bytes(b"caf\xe9\n" * 30)
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(bad), "--tokenized", "--force", ok=False)
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
+        f"[prepare] error: {bad}/test.yy is not UTF-8 text (byte 3: b'\\xe9'): convert it, e.g. iconv -f LATIN1 -t "
+        "UTF-8 FILE > FILE.utf8"), p.stderr
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.glob("data*/xx-yy/**/*") if p.is_file()} == made
+
+
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ted-gl-en")),
                     reason="../shared/data/ted-gl-en is absent (real TED data is only on development machines)")
 def test_shared_ted_gl_en(tmp_path):
