@@ -48,6 +48,10 @@ def compare(ref, other, tolerance):
 def report(log_dir, systems, settings, out, precisions=None, tolerance=0.05):
     """PREFIX.md / .json comparing every precision's loss curve with fp32's; True when all passed."""
     precisions = precisions or [p for p in recipes.PRECISIONS if p != "fp32"]
+    logs = [os.path.join(log_dir, f"{s}_{p}", "train.log") for s in systems for p in ["fp32", *precisions]]
+    if not any(map(os.path.isfile, logs)):  # nothing was run: keep the report that is there
+        raise UserError(f"no train.log of {' '.join(systems)} in {short(log_dir)}/: run the check without "
+                        "--report-only first")
     rows, errors = {}, []
     for system in systems:
         try:
@@ -115,7 +119,13 @@ def run(a):
         if value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
     where = folders()
-    systems = a.systems.split() if a.systems else list(recipes.load(a.pair).systems)
+    if not a.tolerance > 0:
+        raise UsageError(f"--tolerance must be a positive number, got {a.tolerance}")
+    known = list(recipes.load(a.pair).systems)
+    systems = a.systems.split() if a.systems else known
+    unknown = [s for s in systems if s not in known]
+    if unknown:
+        raise UsageError(f"--systems: {' '.join(unknown)} not among {a.pair}'s systems ({' '.join(known)})")
     if not a.report_only:
         if not torch.cuda.is_available():
             raise UserError("the precision check needs a CUDA GPU (bf16/fp16 training); torch sees none")

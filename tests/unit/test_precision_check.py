@@ -49,6 +49,23 @@ def test_a_failed_precision_does_not_hide_the_other(tmp_path):
     assert "- missing: qknorm fp16: " in report
 
 
+def test_a_report_of_runs_never_made_keeps_the_report_there(tmp_path):
+    (tmp_path / "r.md").write_text("the last check\n")
+    with pytest.raises(precision_check.UserError, match=r"^no train.log of qknorm in .*: run the check without "
+                                                        r"--report-only first$"):
+        precision_check.report(str(tmp_path / "logs"), ["qknorm"], "settings", str(tmp_path / "r"))
+    assert (tmp_path / "r.md").read_text() == "the last check\n" and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--report-only", "--pair", "demo", "--systems", "qknorm nosuch"],
+     "--systems: nosuch not among demo's systems (postnorm prenorm fixnorm "),
+    (["--report-only", "--tolerance", "-1"], "--tolerance must be a positive number, got -1.0")])
+def test_precision_check_usage_errors(argv, message, capsys):
+    assert precision_check.main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"[precision_check] error: {message}")
+
+
 def ns(**kw):
     base = dict(bf16=False, tpu=False, cpu=False, ddp_backend="pytorch_ddp", distributed_world_size=1)
     return argparse.Namespace(**{**base, **kw})
