@@ -124,3 +124,10 @@ def main(run, parser, argv=None):
         return 130
     except BrokenPipeError:
         return 1
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a folder that cannot be made or written (a path that is a file, no permission, a full disk)
+        print(f"[{parser.tag}] error: {e.filename}: {e.strerror}; check that path (the output folders are "
+              "DATA_DIR, DATA_BIN, CKPT_DIR, LOG_DIR and RESULTS_DIR: docs/usage.md)", file=sys.stderr)
+        return 1

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from .cli import Parser, UsageError
 from .cli import main as run_main
-from .paths import CONFIG_DIR, USER_DIR, folders, short
+from .paths import CONFIG_DIR, USER_DIR, folders, shareable, short
 
 BASE = "base"
 PRECISIONS = ("fp32", "bf16", "fp16")  # train.sh --precision; the plugin's --decode-precision has the same
@@ -217,11 +217,26 @@ def read_stats(data_bin):
         return json.load(f)
 
 
-def _read(path):
+def read_yaml(path, error=None):
+    """The mapping a config file holds ({} when empty), or ERROR (a RecipeError by default) naming
+    the file and what is wrong with it."""
     import yaml
 
+    error = error or RecipeError
+    if not os.path.isfile(path):
+        raise error(f"{shareable(path)}: no such config file")
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+        try:
+            layer = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+            raise error(f"{shareable(path)}: not valid YAML ({getattr(e, 'problem', None) or e}{at}): fix the "
+                        "file") from None
+    if layer is not None and not isinstance(layer, dict):
+        kind = {list: "a list", str: "a string", bool: "true/false"}.get(type(layer), "a number")
+        raise error(f"{shareable(path)}: a config holds keys (key: value), not {kind}")
+    return layer or {}
 
 
 def structured(schema, layers, what):
@@ -241,7 +256,7 @@ def structured(schema, layers, what):
 
 def base():
     """configs/base.yaml alone: what a pair without a config of its own starts from."""
-    return structured(Recipe, [_read(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))], f"configs/{BASE}.yaml")
+    return structured(Recipe, [read_yaml(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))], f"configs/{BASE}.yaml")
 
 
 def load(pair, data_bin=None, announce=False):
@@ -249,8 +264,8 @@ def load(pair, data_bin=None, announce=False):
     if pair == BASE:
         raise RecipeError(f"{BASE!r} is the recipe every pair starts from, not a pair: name a pair")
     path = os.path.join(CONFIG_DIR, f"{pair}.yaml")
-    own = _read(path) if os.path.exists(path) else None
-    layers = [_read(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))]
+    own = read_yaml(path) if os.path.exists(path) else None
+    layers = [read_yaml(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))]
     if own is None or own.get("size_from_data"):
         data_bin = data_bin or default_data_bin(pair)
         stats = read_stats(data_bin)

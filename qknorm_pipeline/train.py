@@ -351,7 +351,12 @@ def run(a):
 
 
 def main(argv=None):
-    return run_main(run, parser(), argv)
+    try:
+        p = parser()  # its help names the base config's systems and schedules
+    except UserError as e:
+        print(f"[{TAG}] error: {e}", file=sys.stderr)
+        return e.exit_code
+    return run_main(run, p, argv)
 
 
 if __name__ == "__main__":

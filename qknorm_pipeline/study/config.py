@@ -130,20 +130,16 @@ class StudyRun:
 
 
 def load(path):
-    import yaml
-
     if not os.path.isfile(path):
         raise StudyError(f"study config {path!r} not found (see configs/studies/)")
-    with open(path, encoding="utf-8") as f:
-        layer = yaml.safe_load(f) or {}
+    layer = recipes.read_yaml(path, StudyError)
     if isinstance(layer.get("corpus"), str):  # another study's corpus, by its config's file name
         beside = os.path.join(os.path.dirname(path), layer["corpus"])
         other = beside if os.path.isfile(beside) else os.path.join(os.path.dirname(DEFAULT), layer["corpus"])
         if not os.path.isfile(other):
             raise StudyError(f"{shareable(path)}: corpus: {layer['corpus']}: no such study config beside it or in "
                              "configs/studies/")
-        with open(other, encoding="utf-8") as f:
-            layer["corpus"] = (yaml.safe_load(f) or {}).get("corpus")
+        layer["corpus"] = recipes.read_yaml(other, StudyError).get("corpus")
     cfg = recipes.structured(Study, [layer, {"config": shareable(path)}], shareable(path))
     for system in cfg.systems:
         if system in cfg.stock.rows:

@@ -148,6 +148,14 @@ USAGE_ERRORS = [
 ]
 
 
+def test_an_output_folder_that_cannot_be_made_is_one_line_naming_it(tmp_path):
+    (tmp_path / "afile").write_text("")
+    p = sh("download.sh", "demo", DATA_DIR=str(tmp_path / "afile"))
+    assert p.returncode == 1 and p.stderr.strip() == (
+        f"[download] error: {tmp_path}/afile/demo: Not a directory; check that path (the output folders are DATA_DIR, "
+        "DATA_BIN, CKPT_DIR, LOG_DIR and RESULTS_DIR: docs/usage.md)"), p.stderr
+
+
 @pytest.mark.parametrize("script,argv,message", USAGE_ERRORS, ids=lambda v: v if isinstance(v, str) else None)
 def test_script_usage_errors_are_one_line_and_exit_2(script, argv, message, tmp_path):
     p = sh(script, *argv, CKPT_DIR=str(tmp_path / "ck"), RESULTS_DIR=str(tmp_path / "res"))

@@ -156,6 +156,26 @@ def test_errors_name_the_problem(tmp_path, monkeypatch):
         assert "\n" not in str(e.value) and f"{field}: Invalid value '{bad}', expected one of [{choices}]" in str(e.value)
 
 
+def test_a_config_that_is_not_a_yaml_mapping_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    from qknorm_pipeline import train
+    from qknorm_pipeline.study import config as study_config
+
+    monkeypatch.setattr(recipes, "CONFIG_DIR", str(tmp_path))
+    (tmp_path / "base.yaml").write_text(open(os.path.join(REPO, "configs", "base.yaml")).read())
+    for text, problem in (("src: [xx\n", r"not valid YAML \(expected ',' or '\]', but got '<stream end>' at line 2, "
+                                         r"column 1\): fix the file$"),
+                          ("- src\n- tgt\n", r"a config holds keys \(key: value\), not a list$")):
+        (tmp_path / "xx-yy.yaml").write_text(text)
+        with pytest.raises(recipes.RecipeError, match=rf"^{tmp_path}/xx-yy.yaml: {problem}"):
+            recipes.load("xx-yy")
+        with pytest.raises(study_config.StudyError, match=rf"^{tmp_path}/xx-yy.yaml: {problem}"):
+            study_config.load(str(tmp_path / "xx-yy.yaml"))
+    # train.sh builds its help from base.yaml: a broken one is the same one line, before anything else
+    (tmp_path / "base.yaml").write_text("7\n")
+    assert train.main(["--dry-run", "demo", "postnorm"]) == 2
+    assert capsys.readouterr().err == f"[train] error: {tmp_path}/base.yaml: a config holds keys (key: value), not a number\n"
+
+
 def test_the_pipelines_choices_are_the_plugins():
     """The plugin cannot import the pipeline: its lists of choices are checked against the recipes' here."""
     from qknorm_fairseq.config import QKNormConfig
