@@ -208,8 +208,11 @@ def plan_stock(pair, system, name, args, precision, where, check=True):
 
 
 def _run(pair, system, name, cmd, args, save_dir, where, device, env, split=""):
+    max_update = last_value(args, "--max-update")
+    if not max_update.isdigit() or int(max_update) < 1:
+        raise UsageError(f"--max-update must be a positive whole number, got {max_update!r}")
     return Run(pair, system, name, cmd, args, save_dir, os.path.join(where.logs, pair, name, "train.log"),
-               int(last_value(args, "--max-update")), device, env, split)
+               int(max_update), device, env, split)
 
 
 def check_cpu_precision(precision, env=None, setting="--precision", fix=None):

@@ -25,7 +25,7 @@ from ..paths import folders
 
 TOOLS = ("speed", "kernels", "fairseq-train")
 POSITIVE = ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam", "reps",
-            "vocab", "tokens", "iters", "updates", "log_interval")
+            "vocab", "tokens", "iters", "updates", "log_interval", "threads")
 
 
 def parser():
@@ -51,6 +51,13 @@ def run(opts):
         return throughput.run(opts)
     if opts.dim % opts.heads:
         error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
+    if opts.cmd == "kernels" and min(opts.p) < 1:
+        error(f"--p {min(opts.p):g}: an l_p norm needs p >= 1")
+    for flag, value in (("--dropout", [getattr(opts, "dropout", 0)]), ("--stock-dropout", getattr(opts, "stock_dropout", None))):
+        if value and not all(0 <= v < 1 for v in value):
+            error(f"{flag} must lie in [0, 1), got {' '.join(f'{v:g}' for v in value)}")
+    if getattr(opts, "device", None) and opts.device.split(":")[0] not in ("cpu", "cuda"):
+        error(f"--device must be cpu or cuda (cuda:N), got {opts.device!r}")
     if opts.cmd == "speed":
         opts.device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
         opts.dtype = opts.dtype or ("bf16" if opts.device.startswith("cuda") else "fp32")

@@ -31,7 +31,7 @@ import os
 import statistics
 import sys
 
-from ..cli import Parser, one_pair, prog
+from ..cli import Parser, UsageError, one_pair, prog
 from ..cli import main as run_main
 from ..files import write_atomic
 from ..names import split_seed
@@ -356,6 +356,8 @@ def parser():
 def run(args):
     from ..paths import folders
 
+    if args.n_samples < 1:
+        raise UsageError(f"--n-samples must be a positive integer, got {args.n_samples}")
     where = folders()
     results_dir = args.results_dir or where.results
     pair = one_pair(args, default="all")

@@ -142,6 +142,14 @@ USAGE_ERRORS = [
     ("study.sh", ["--seeds", "0"], "--seeds must be a positive integer, got 0"),
     ("prepare.sh", ["--bogus"], "unknown option --bogus"),
     ("benchmark.sh", ["--reps"], "--reps needs a value"),
+    ("benchmark.sh", ["speed", "--dropout", "2"], "--dropout must lie in [0, 1), got 2"),
+    ("benchmark.sh", ["speed", "--stock-dropout", "0.3", "0", "1"], "--stock-dropout must lie in [0, 1), got 0.3 0 1"),
+    ("benchmark.sh", ["speed", "--device", "tpu"], "--device must be cpu or cuda (cuda:N), got 'tpu'"),
+    ("benchmark.sh", ["speed", "--threads", "0"], "--threads must be >= 1"),
+    ("benchmark.sh", ["kernels", "--p", "2", "0.5"], "--p 0.5: an l_p norm needs p >= 1"),
+    ("compare.sh", ["demo", "--n-samples", "0"], "--n-samples must be a positive integer, got 0"),
+    ("train.sh", ["--dry-run", "demo", "postnorm", "--max-update", "abc"],
+     "--max-update must be a positive whole number, got 'abc'"),
     ("precision_check.sh", ["--bogus"], "unknown option --bogus"),
     ("ablate.sh", ["--bogus"], "unknown option --bogus; fairseq-train flags go after --"),
     ("ablate.sh", ["gl-en"], "the following arguments are required: system"),
@@ -161,7 +169,9 @@ def test_script_usage_errors_are_one_line_and_exit_2(script, argv, message, tmp_
     p = sh(script, *argv, CKPT_DIR=str(tmp_path / "ck"), RESULTS_DIR=str(tmp_path / "res"))
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and message in lines[0], (p.returncode, p.stderr)
-    tag = {"benchmark.sh": "speed"}.get(script, script.removesuffix(".sh"))
+    tag = script.removesuffix(".sh")
+    if script == "benchmark.sh":  # its sub-command's tag; speed when none is named
+        tag = argv[0] if argv[0] in ("speed", "kernels", "fairseq-train") else "speed"
     assert lines[0].startswith(f"[{tag}] error: ") and lines[0].endswith(" --help)"), lines[0]
     assert "Traceback" not in p.stdout + p.stderr
 
