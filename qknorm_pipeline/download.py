@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import processes, recipes
-from .cli import Parser, log, one_pair, prog
+from .cli import Parser, UsageError, log, one_pair, prog
 from .cli import main as run_main
 from .data import demo
 from .files import atomic_dir
@@ -31,6 +31,12 @@ def download(pair, source=None, force=False, where=None, data=None):
     (source, expected_lines, exact_sources) instead of the pair config's (a study's corpus)."""
     where = where or folders()
     out = os.path.join(where.data, pair, "raw")
+    if source:  # a source the pair does not have is refused, downloaded or not
+        from .data.download import candidates
+
+        if pair == "demo":
+            raise UsageError(f"--source {source}: the demo is generated here, from no source")
+        candidates(pair, source, data)
     if not force and processes.is_done(out):
         log(TAG, f"{pair}: already downloaded ({out}); --force to fetch again")
         return out
@@ -41,8 +47,7 @@ def download(pair, source=None, force=False, where=None, data=None):
     else:
         from .data.download import download as fetch_pair
 
-        if os.path.exists(os.path.join(out, ".done")):
-            os.remove(os.path.join(out, ".done"))
+        # writes OUT whole or not at all: a failed --force keeps the finished download
         fetch_pair(pair, out, os.path.join(where.data, "downloads"), source, data)
     processes.mark_done(out)
     log(TAG, f"{pair}: done -> {out}")

@@ -86,23 +86,30 @@ def write_split_files(data, out, src, tgt, meta):
             json.dump(meta, f, indent=2)
 
 
-def download(pair, out, cache, source=None, data=None):
+def candidates(pair, source=None, data=None):
+    """(name, kind, urls) of each source download() tries for PAIR (only SOURCE's, when given)."""
     known = [p for p in recipes.available_pairs() if p != "demo"]
     if pair not in recipes.available_pairs():
         raise UsageError(f"unknown pair {pair!r}: downloadable pairs are {', '.join(known)}; for your own "
                         f"corpus run: bash scripts/prepare.sh --pair {pair} --src-dir DIR")
     cfg = recipes.load(pair)
+    found = sources.sources_for((data or cfg.data).source, cfg.src, cfg.tgt)
+    if source:
+        names = [c[0] for c in found]
+        if source not in names:
+            raise UsageError(f"unknown source {source!r} for {pair}: choose one of {', '.join(names)}")
+        found = [c for c in found if c[0] == source]
+    return found
+
+
+def download(pair, out, cache, source=None, data=None):
+    cfg = recipes.load(pair) if pair in recipes.available_pairs() else None
+    tried = candidates(pair, source, data)
     data_cfg = data or cfg.data
     src, tgt = cfg.src, cfg.tgt
-    candidates = sources.sources_for(data_cfg.source, src, tgt)
-    if source:
-        names = [c[0] for c in candidates]
-        if source not in names:
-            raise DataError(f"unknown source {source!r} for {pair}: choose one of {', '.join(names)}")
-        candidates = [c for c in candidates if c[0] == source]
     exact = set(data_cfg.exact_sources)
     failures = []
-    for name, kind, urls in candidates:
+    for name, kind, urls in tried:
         log(f"{pair}: trying source {name}")
         try:
             data = fetch_source(kind, urls, cache, src, tgt)

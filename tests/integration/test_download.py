@@ -430,7 +430,7 @@ def test_expected_counts_are_enforced_for_exact_sources(tmp_path, monkeypatch, c
 def test_unknown_pair_and_source(tmp_path, configs):
     with pytest.raises(UsageError, match=r"unknown pair 'xx-yy'.*prepare.sh --pair xx-yy --src-dir"):
         download("xx-yy", str(tmp_path / "raw"), str(tmp_path / "cache"))
-    with pytest.raises(DataError, match="unknown source 'nope' for gl-en"):
+    with pytest.raises(UsageError, match="unknown source 'nope' for gl-en"):
         download("gl-en", str(tmp_path / "raw"), str(tmp_path / "cache"), source="nope")
     assert not (tmp_path / "raw").exists()
 
@@ -453,6 +453,13 @@ def test_download_sh_over_http_is_idempotent(tmp_path, site, http_url, configs):
     assert read_out(raw, "gl", "en") == HRLR and (raw / ".done").exists()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert p.returncode == 0 and "already downloaded" in p.stderr
+    # --force from a source that fails: the finished download stays, finished
+    before = {f.name: f.read_bytes() for f in raw.iterdir()}
+    p = subprocess.run(cmd + ["--force", "--source", "phontron-qi18naacl"], env=env, capture_output=True, text=True)
+    assert p.returncode == 1 and "source phontron-qi18naacl failed" in p.stderr
+    assert {f.name: f.read_bytes() for f in raw.iterdir()} == before and (raw / ".done").exists()
+    p = subprocess.run(cmd + ["--source", "nope"], env=env, capture_output=True, text=True)
+    assert p.returncode == 2 and "unknown source 'nope' for gl-en: choose one of phontron-qi18naacl" in p.stderr
     p = subprocess.run(["bash", os.path.join(REPO, "scripts/download.sh"), "--pair", "xx-yy"],
                        env=env, capture_output=True, text=True)
     assert p.returncode != 0 and "unknown pair 'xx-yy'" in p.stderr

@@ -138,6 +138,7 @@ USAGE_ERRORS = [
     ("reproduce.sh", ["--systems"], "--systems needs a value"),
     ("compare.sh", ["nosuch"], "unknown pair 'nosuch'"),
     ("download.sh", [], "name a pair"),
+    ("download.sh", ["demo", "--source", "nosuch"], "--source nosuch: the demo is generated here, from no source"),
     ("download.sh", ["nosuch"], "unknown pair 'nosuch': downloadable pairs are ar-en, en-he, en-vi, gl-en, sk-en"),
     ("study.sh", ["--seeds", "0"], "--seeds must be a positive integer, got 0"),
     ("prepare.sh", ["--bogus"], "unknown option --bogus"),
