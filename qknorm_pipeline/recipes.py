@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from .cli import Parser, UsageError
 from .cli import main as run_main
+from .names import folder_name
 from .paths import CONFIG_DIR, USER_DIR, folders, shareable, short
 
 BASE = "base"
@@ -263,6 +264,10 @@ def load(pair, data_bin=None, announce=False):
     """The merged recipe of PAIR (a Recipe). ANNOUNCE: print the sizes chosen from the data, if any."""
     if pair == BASE:
         raise RecipeError(f"{BASE!r} is the recipe every pair starts from, not a pair: name a pair")
+    try:
+        folder_name("pair", pair)
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
     path = os.path.join(CONFIG_DIR, f"{pair}.yaml")
     own = read_yaml(path) if os.path.exists(path) else None
     layers = [read_yaml(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
-from .names import run_name
+from .names import folder_name, run_name
 from .paths import cpu_has_bf16, cpu_name, folders, short
 
 TAG = "train"
@@ -163,6 +163,10 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
     train in (a dry run shows the command all the same)."""
     where = where or folders()
     name = opts.name or run_name(system, opts.seed, opts.schedule)
+    try:
+        folder_name("--name" if opts.name else "run name", name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     data_bin = os.path.join(where.data_bin, pair)
     cfg = recipe or recipes.load(pair, data_bin, announce=True)
     recipes.system(cfg, system)

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 from .. import recipes
 from ..cli import UsageError
 from ..data.common import SPLITS
-from ..names import run_name
+from ..names import folder_name, run_name
 from ..paths import ROOT, shareable
 
 DEFAULT = os.path.join(ROOT, "configs", "studies", "gl-en.yaml")
@@ -141,6 +141,10 @@ def load(path):
                              "configs/studies/")
         layer["corpus"] = recipes.read_yaml(other, StudyError).get("corpus")
     cfg = recipes.structured(Study, [layer, {"config": shareable(path)}], shareable(path))
+    try:
+        folder_name("name", cfg.name)
+    except ValueError as e:
+        raise StudyError(f"{shareable(path)}: {e}") from None
     for system in cfg.systems:
         if system in cfg.stock.rows:
             raise StudyError(f"{shareable(path)}: {system!r} is both one of ours and a stock row")

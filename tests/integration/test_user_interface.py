@@ -122,6 +122,10 @@ def test_training_entry_point_answers_help_with_the_models_flags():
 USAGE_ERRORS = [
     ("train.sh", ["--bogus", "demo", "postnorm"], "unknown option --bogus before PAIR SYSTEM; fairseq flags go after"),
     ("train.sh", ["demo"], "need PAIR and SYSTEM"),
+    # a name becomes a folder: none that points elsewhere
+    ("train.sh", ["--dry-run", "--name", "../../etc", "demo", "qknorm"],
+     "--name '../../etc': a name of letters, digits and _ . + - (no / or leading . or -), as it names a folder"),
+    ("train.sh", ["--dry-run", "../configs/demo", "qknorm"], "pair '../configs/demo': a name of letters"),
     # after PAIR SYSTEM fairseq would get it (--seed: another seed trained into the recipe's run folder)
     ("train.sh", ["--dry-run", "demo", "qknorm", "--max-update", "9", "--seed", "3"],
      "--seed is train.sh's own option: put it before PAIR SYSTEM (train.sh --seed ... demo qknorm); the flags after "

@@ -527,3 +527,11 @@ def test_a_dry_run_of_a_bf16_study_on_a_cpu_without_bf16_shows_its_runs_and_says
     for run in config.runs(cfg, ["qknorm", "fairseq_prenorm"], 1):
         with pytest.raises(train_step.UserError, match="^--precision bf16: this CPU has no native bf16"):
             study_runs.plan(cfg, run, rec, where)
+
+
+def test_a_study_name_is_one_folder_name(tmp_path):
+    bad = tmp_path / "escape.yaml"
+    bad.write_text(open(NORM).read().replace("name: study-gl-en-norm", "name: ../../escape"))
+    assert "name: ../../escape" in bad.read_text()
+    with pytest.raises(StudyError, match=rf"^{bad}: name '../../escape': a name of letters, digits and _ . \+ -"):
+        config.load(str(bad))
