@@ -103,8 +103,8 @@ def candidates(pair, source=None, data=None):
 
 
 def download(pair, out, cache, source=None, data=None):
-    cfg = recipes.load(pair) if pair in recipes.available_pairs() else None
     tried = candidates(pair, source, data)
+    cfg = recipes.load(pair)
     data_cfg = data or cfg.data
     src, tgt = cfg.src, cfg.tgt
     exact = set(data_cfg.exact_sources)
