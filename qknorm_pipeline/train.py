@@ -329,14 +329,14 @@ def parser():
     return p
 
 
-def run(a):
+def run(a, own_options=()):
+    """OWN_OPTIONS: train.sh's option strings, refused after PAIR SYSTEM."""
     if a.words[:1] == ["--"]:
         a.words = a.words[1:]
     if len(a.words) < 2 or a.words[0].startswith("-"):
         raise UsageError("need PAIR and SYSTEM")
-    ours = set(parser()._option_string_actions) - {"-h", "--help"}
     for word in a.words[2:]:
-        if word.split("=", 1)[0] in ours:
+        if word.split("=", 1)[0] in own_options:
             # fairseq would reject it, or, for --seed, train another seed into the recipe's run folder
             raise UsageError(f"{word.split('=', 1)[0]} is train.sh's own option: put it before PAIR SYSTEM "
                              f"(train.sh {word.split('=', 1)[0]} ... {a.words[0]} {a.words[1]}); the flags after "
@@ -363,7 +363,8 @@ def main(argv=None):
     except UserError as e:
         print(f"[{TAG}] error: {e}", file=sys.stderr)
         return e.exit_code
-    return run_main(run, p, argv)
+    own = set(p._option_string_actions) - {"-h", "--help"}
+    return run_main(lambda a: run(a, own), p, argv)
 
 
 if __name__ == "__main__":
