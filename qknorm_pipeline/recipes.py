@@ -1,6 +1,6 @@
 """Training recipes: configs/base.yaml merged with configs/<pair>.yaml (only what differs), read
-through the structured config Recipe below, so that a misspelt key or a wrong type is a one-line
-RecipeError naming the file's key.
+through the structured config Recipe below, so that a misspelt key, a wrong type or a value out of
+range (ranged) is a one-line RecipeError naming the file's key.
 
 A prepared pair with no file of its own (bash scripts/prepare.sh --pair xx-yy --src-dir DIR) gets
 the base recipe with model size and epoch length from its training-set size (size_from_data).
@@ -18,6 +18,7 @@ Every fairseq-train command line is built here: ours (train_args) and stock fair
 import dataclasses
 import enum
 import json
+import operator
 import os
 import shlex
 import sys
@@ -39,6 +40,36 @@ REMOVE_BPE = {"fastbpe": "@@ ", "sentencepiece": "sentencepiece"}
 
 class RecipeError(UsageError):
     """A recipe that cannot be built: an unknown pair, system or key, a wrong value."""
+
+
+def ranged(default, at_least=None, above=None, below=None, divides=None):
+    """A config field whose value check_ranges keeps AT_LEAST <= v, ABOVE < v, v < BELOW, and that
+    divides the sibling field DIVIDES (heads divide embed_dim)."""
+    limits = {"at_least": at_least, "above": above, "below": below, "divides": divides}
+    return field(default=default, metadata={k: v for k, v in limits.items() if v is not None})
+
+
+LIMITS = {"at_least": (">=", operator.ge), "above": (">", operator.gt), "below": ("<", operator.lt)}
+
+
+def check_ranges(obj, what, path=""):
+    """A RecipeError naming the first field of OBJ (a config's dataclasses, dicts of them) whose
+    value is outside its ranged() limits."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            check_ranges(v, what, f"{path}{k}.")
+    if not dataclasses.is_dataclass(obj):
+        return
+    for f in dataclasses.fields(obj):
+        v, m = getattr(obj, f.name), f.metadata
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and m:
+            rules = [(f"{sign} {m[k]:g}", test(v, m[k])) for k, (sign, test) in LIMITS.items() if k in m]
+            if not all(ok for _, ok in rules):
+                raise RecipeError(f"{what}: {path}{f.name} is {v:g}; it must be {' and '.join(r for r, _ in rules)}")
+            if "divides" in m and getattr(obj, m["divides"]) % v:
+                raise RecipeError(f"{what}: {path}{f.name} ({v}) must divide {path}{m['divides']} "
+                                  f"({getattr(obj, m['divides'])}): each head gets an equal share of it")
+        check_ranges(v, what, f"{path}{f.name}.")
 
 
 class Bpe(enum.Enum):
@@ -71,9 +102,9 @@ class Positions(enum.Enum):  # the plugin's --positions
 class Data:
     source: Optional[str] = None            # where download.sh fetches it (data/sources.py)
     tokenized: bool = True                  # arrives Moses-tokenized
-    max_len: int = 250                      # train length filter before BPE, in tokens
+    max_len: int = ranged(250, at_least=1)  # train length filter before BPE, in tokens
     bpe: Bpe = Bpe.fastbpe
-    bpe_merges: int = 8000
+    bpe_merges: int = ranged(8000, at_least=1)
     expected_lines: Dict[str, Optional[int]] = field(default_factory=dict)
     exact_sources: List[str] = field(default_factory=list)
 
@@ -86,40 +117,40 @@ class Eval:
 
 @dataclass
 class Model:
-    embed_dim: int = 512
-    ffn_dim: int = 2048
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    heads: int = 8
-    dropout: float = 0.3                    # on sublayer outputs, attention weights and ReLU alike
-    qknorm_length: Optional[float] = None   # the papers' L, used with --paper-qknorm-length
+    embed_dim: int = ranged(512, at_least=1)
+    ffn_dim: int = ranged(2048, at_least=1)
+    encoder_layers: int = ranged(6, at_least=1)
+    decoder_layers: int = ranged(6, at_least=1)
+    heads: int = ranged(8, at_least=1, divides="embed_dim")
+    dropout: float = ranged(0.3, at_least=0, below=1)  # on sublayer outputs, attention weights and ReLU alike
+    qknorm_length: Optional[float] = ranged(None, above=0)  # the papers' L, used with --paper-qknorm-length
 
 
 @dataclass
 class Train:
     criterion: str = "masked_label_smoothed_cross_entropy"
-    label_smoothing: float = 0.1
-    max_tokens: int = 4096
+    label_smoothing: float = ranged(0.1, at_least=0, below=1)
+    max_tokens: int = ranged(4096, at_least=1)
     optimizer: str = "multi_tensor_adam"    # or adam: fairseq's, the same update
     adam_betas: str = "(0.9, 0.999)"
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0
-    epoch_updates: int = 2000
-    max_epochs: int = 200
-    log_interval: int = 100
-    seed: int = 1
+    adam_eps: float = ranged(1e-8, above=0)
+    weight_decay: float = ranged(0.0, at_least=0)
+    clip_norm: float = ranged(1.0, at_least=0)   # 0: no clipping
+    epoch_updates: int = ranged(2000, at_least=1)
+    max_epochs: int = ranged(200, at_least=1)
+    log_interval: int = ranged(100, at_least=1)
+    seed: int = ranged(1, at_least=0)
     schedule: str = "valdecay"              # the entry of schedules: used unless --schedule names another
 
 
 @dataclass
 class Schedule:
     scheduler: Scheduler = Scheduler.val_decay
-    warmup_updates: int = 0
-    lr: Optional[float] = None              # the peak, or ...
-    lr_scale: Optional[float] = None        # ... TwT's rule lr_scale * d^-0.5 * warmup^-0.5
-    decay_factor: Optional[float] = None    # val_decay only
-    decay_patience: Optional[int] = None    # val_decay only
+    warmup_updates: int = ranged(0, at_least=0)
+    lr: Optional[float] = ranged(None, above=0)        # the peak, or ...
+    lr_scale: Optional[float] = ranged(None, above=0)  # ... TwT's rule lr_scale * d^-0.5 * warmup^-0.5
+    decay_factor: Optional[float] = ranged(None, above=0, below=1)  # val_decay only
+    decay_patience: Optional[int] = ranged(None, at_least=0)        # val_decay only
 
 
 @dataclass
@@ -131,11 +162,11 @@ class Stopping:
 
 @dataclass
 class Decode:
-    beam: int = 4
+    beam: int = ranged(4, at_least=1)
     length_norm: LengthNorm = LengthNorm.gnmt
-    gnmt_alpha: float = 0.6
-    max_len_a: float = 1
-    max_len_b: int = 50
+    gnmt_alpha: float = ranged(0.6, at_least=0)
+    max_len_a: float = ranged(1, at_least=0)
+    max_len_b: int = ranged(50, at_least=0)
     beam_search: BeamSearch = BeamSearch.twt
 
 
@@ -152,14 +183,14 @@ class Stock:
 
     flags: Dict[str, Any] = field(default_factory=dict)  # every stock run
     iwslt: Dict[str, Any] = field(default_factory=dict)  # fairseq's IWSLT recipe
-    warmup_updates: int = 4000              # the IWSLT recipe's; a study sets its own
+    warmup_updates: int = ranged(4000, at_least=0)  # the IWSLT recipe's; a study sets its own
 
 
 @dataclass
 class Cpu:
     # A CPU run's numbers depend on the thread count and the instruction set the kernels use
     # (docs/reproducibility.md). Set both to get the same numbers on every x86-64 machine with AVX2.
-    threads: Optional[int] = None           # OMP_NUM_THREADS and MKL_NUM_THREADS
+    threads: Optional[int] = ranged(None, at_least=1)  # OMP_NUM_THREADS and MKL_NUM_THREADS
     isa: Optional[str] = None               # e.g. avx2: ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA
 
 
@@ -242,17 +273,19 @@ def read_yaml(path, error=None):
 
 def structured(schema, layers, what):
     """LAYERS (dicts) merged onto the dataclass SCHEMA with OmegaConf and checked against it: the
-    typed object, or a RecipeError naming the key that is unknown, missing or of the wrong type."""
+    typed object, or a RecipeError naming the key that is unknown, missing, of the wrong type or out
+    of range."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), *layers)
-        return OmegaConf.to_object(merged)
+        merged = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), *layers))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         msg = str(e).splitlines()[0]
         raise RecipeError(f"{what}: {key + ': ' if key else ''}{msg}") from None
+    check_ranges(merged, what)
+    return merged
 
 
 def base():

@@ -19,24 +19,24 @@ class StudyError(UsageError):
 
 @dataclass
 class ModelSize:
-    embed_dim: int = "???"
-    ffn_dim: int = "???"
-    layers: int = "???"
-    heads: int = "???"
+    embed_dim: int = recipes.ranged("???", at_least=1)
+    ffn_dim: int = recipes.ranged("???", at_least=1)
+    layers: int = recipes.ranged("???", at_least=1)
+    heads: int = recipes.ranged("???", at_least=1, divides="embed_dim")
 
 
 @dataclass
 class Budget:
-    max_update: int = "???"
-    warmup_updates: int = "???"
-    validate_every: int = "???"
+    max_update: int = recipes.ranged("???", at_least=1)
+    warmup_updates: int = recipes.ranged("???", at_least=0)
+    validate_every: int = recipes.ranged("???", at_least=1)
 
 
 @dataclass
 class DevBleu:
-    beam: int = 1
-    max_len_a: int = 1
-    max_len_b: int = 50
+    beam: int = recipes.ranged(1, at_least=1)
+    max_len_a: int = recipes.ranged(1, at_least=0)
+    max_len_b: int = recipes.ranged(50, at_least=0)
 
 
 @dataclass
@@ -45,12 +45,12 @@ class Ours:
 
     arch: str = "???"
     stopping: str = "???"
-    seeds: int = "???"
+    seeds: int = recipes.ranged("???", at_least=1)
 
 
 @dataclass
 class StockRow:
-    seeds: int = "???"
+    seeds: int = recipes.ranged("???", at_least=1)
     flags: Dict[str, Any] = field(default_factory=dict)  # added to the stock recipe's flags
 
 
@@ -152,6 +152,10 @@ def load(path):
         raise StudyError(f"{shareable(path)}: precision {cfg.precision!r}: use one of {', '.join(recipes.PRECISIONS)}")
     if cfg.lr_grid and cfg.lr_multipliers:
         raise StudyError(f"{shareable(path)}: give lr_grid or lr_multipliers, not both")
+    bad = [x for x in cfg.lr_grid + cfg.lr_multipliers if not x > 0]
+    if bad:
+        raise StudyError(f"{shareable(path)}: {'lr_grid' if cfg.lr_grid else 'lr_multipliers'}: {bad[0]:g} is not a "
+                         "learning rate (each must be > 0)")
     if bool(cfg.corpus.source) == bool(cfg.corpus.dir):
         raise StudyError(f"{shareable(path)}: corpus: give source: (a download) or dir: (a folder), one of them")
     for key, known in (("expected_lines", SPLITS), ("sha256", corpus_files(cfg))):

@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 from qknorm_pipeline import recipes
+from qknorm_pipeline.cli import UsageError
 
 from helpers import REPO, module
 
@@ -154,6 +155,33 @@ def test_errors_name_the_problem(tmp_path, monkeypatch):
         with pytest.raises(recipes.RecipeError) as e:
             recipes.load("xx-yy")
         assert "\n" not in str(e.value) and f"{field}: Invalid value '{bad}', expected one of [{choices}]" in str(e.value)
+
+
+def test_a_value_out_of_range_is_one_line_naming_the_key_and_the_range(tmp_path, monkeypatch):
+    """A negative embed_dim had given a complex --lr (d^-0.5) and heads that do not divide it an
+    assertion inside fairseq; a study config goes through the same check."""
+    from qknorm_pipeline.study import config as study_config
+
+    monkeypatch.setattr(recipes, "CONFIG_DIR", str(tmp_path))
+    (tmp_path / "base.yaml").write_text(open(os.path.join(REPO, "configs", "base.yaml")).read())
+    for text, message in (("model: {embed_dim: -128}", "model.embed_dim is -128; it must be >= 1"),
+                          ("model: {dropout: 1.0}", "model.dropout is 1; it must be >= 0 and < 1"),
+                          ("model: {embed_dim: 130, heads: 4}", r"model.heads \(4\) must divide model.embed_dim \(130\)"),
+                          ("schedules: {valdecay: {decay_factor: 1.5}}",
+                           "schedules.valdecay.decay_factor is 1.5; it must be > 0 and < 1"),
+                          ("train: {max_tokens: 0}", "train.max_tokens is 0; it must be >= 1"),
+                          ("decode: {beam: 0}", "decode.beam is 0; it must be >= 1")):
+        (tmp_path / "xx-yy.yaml").write_text(f"src: xx\ntgt: yy\n{text}\n")
+        with pytest.raises(recipes.RecipeError, match=rf"^configs/xx-yy.yaml over configs/base.yaml: {message}"):
+            recipes.load("xx-yy")
+    study = open(os.path.join(REPO, "configs", "studies", "gl-en-norm.yaml")).read()
+    for old, new, message in (("  heads: 4\n", "  heads: 3\n", r"model.heads \(3\) must divide model.embed_dim \(256\)"),
+                              ("  max_update: 6000\n", "  max_update: 0\n", "budget.max_update is 0; it must be >= 1"),
+                              ("lr_grid: [", "lr_grid: [-1.0e-3, ", "lr_grid: -0.001 is not a learning rate")):
+        assert old in study
+        (tmp_path / "s.yaml").write_text(study.replace(old, new).replace("corpus: gl-en.yaml", "corpus: {dir: x}"))
+        with pytest.raises(UsageError, match=message):
+            study_config.load(str(tmp_path / "s.yaml"))
 
 
 def test_a_config_that_is_not_a_yaml_mapping_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
