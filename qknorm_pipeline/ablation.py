@@ -21,7 +21,7 @@ from . import train as train_step
 from .cli import Parser, UsageError, prog
 from .cli import main as run_main
 from .fairseq_log import LogError, parse_log
-from .files import write_atomic
+from .files import read_json, write_atomic
 from .paths import folders
 
 SEARCHES = ("twt", "fairseq")
@@ -42,8 +42,7 @@ def run_row(log_path, results, pair, run):
         path = os.path.join(results, search, pair, run, "scores.json")
         if not os.path.isfile(path):
             raise LogError(f"{path} is missing: evaluate {run} with --beam-search {search}")
-        with open(path, encoding="utf-8") as f:
-            scores = json.load(f)["systems"]
+        scores = read_json(path, f"evaluate {run} again with --beam-search {search}")["systems"]
         row[f"test_{search}"] = next(iter(scores.values()))["multi_bleu"]
     return row
 

@@ -22,14 +22,13 @@ Exit status: 0 scored, 2 a usage error, 1 a failure.
 """
 import argparse
 import glob
-import json
 import os
 import sys
 
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
-from .files import write_lines
+from .files import read_json, write_lines
 from .fingerprint import fingerprint
 from .paths import folders, short
 from .scoring.score import score_systems, write_scores
@@ -86,10 +85,14 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     key = fingerprint([ckpt, ref, *data_files], gen + scorer)
     scores_path = os.path.join(out, "scores.json")
     if os.path.isfile(scores_path) and processes.is_done(out, key):
-        scores = read_json(scores_path)
-        log(TAG, f"{pair}/{run} already evaluated with this checkpoint and decoding command: {score_line(scores)} "
-                 f"({short(scores_path)})")
-        return scores
+        try:
+            scores = read_json(scores_path, "it is decoded and scored again")
+        except UserError as e:
+            log(TAG, str(e))
+        else:
+            log(TAG, f"{pair}/{run} already evaluated with this checkpoint and decoding command: {score_line(scores)} "
+                     f"({short(scores_path)})")
+            return scores
     if os.path.exists(os.path.join(out, ".done")):
         os.remove(os.path.join(out, ".done"))
 
@@ -111,11 +114,6 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     processes.mark_done(out, key)
     log(TAG, f"{pair}/{run}: test {score_line(scores)} (detok {detok}) -> {short(scores_path)}")
     return scores
-
-
-def read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def parser():

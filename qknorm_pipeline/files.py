@@ -6,6 +6,7 @@ not at all: it is written under a temporary name and renamed into place only whe
 result for a finished one.
 """
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -31,6 +32,24 @@ def read_lines(path):
 
             raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}): convert it, "
                             "e.g. iconv -f LATIN1 -t UTF-8 FILE > FILE.utf8") from None
+
+
+def read_json(path, fix, kind=dict):
+    """The JSON value of PATH, of type KIND; a file that does not hold one (cut short, edited by
+    hand) is a UserError naming it and FIX (what remakes it)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        problem = f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+    else:
+        if isinstance(value, kind):
+            return value
+        problem = f"holds a {type(value).__name__}, not a {kind.__name__}"
+    from .cli import UserError
+
+    raise UserError(f"{path}: {problem}: {fix}")
 
 
 @contextlib.contextmanager

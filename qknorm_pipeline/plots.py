@@ -25,7 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .cli import Parser, UsageError, prog  # noqa: E402
+from .cli import Parser, UsageError, UserError, prog  # noqa: E402
 from .cli import main as run_main
 from .fairseq_log import parse_log  # noqa: E402
 from .files import atomic_path  # noqa: E402
@@ -148,9 +148,14 @@ def _load_state(path):
 
     if not os.path.isfile(path):
         raise PlotError(f"checkpoint {path!r} does not exist")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if "model" not in state:
-        raise PlotError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a file cut short or not a checkpoint: zipfile, pickle and torch each raise their own
+        first = str(e).split(". ")[0].splitlines()[0] if str(e) else ""
+        raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first}); was it cut short while "
+                        "copied or saved?") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
     return state["model"]
 
 

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional
 
 from .cli import Parser, UsageError
 from .cli import main as run_main
+from .files import read_json
 from .names import folder_name
 from .paths import CONFIG_DIR, USER_DIR, folders, shareable, short
 
@@ -245,8 +246,8 @@ def read_stats(data_bin):
     path = os.path.join(data_bin, "stats.json")
     if not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    pair = os.path.basename(os.path.normpath(data_bin))
+    return read_json(path, f"prepare.sh wrote it: prepare {pair} again (bash scripts/prepare.sh --pair {pair} --force)")
 
 
 def read_yaml(path, error=None):

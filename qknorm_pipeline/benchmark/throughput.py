@@ -28,7 +28,7 @@ from .. import recipes
 from .. import train as train_step
 from ..cli import UserError, log
 from ..fairseq_log import parse_line
-from ..files import write_atomic
+from ..files import read_json, write_atomic
 from ..paths import Folders, cpu_has_bf16, cpu_name, folders, shareable
 from ..recipes import STOCK
 from ..train import ENTRY
@@ -90,8 +90,7 @@ def profile_one(cmd, env, scratch):
     p = subprocess.run(prof, env=env, capture_output=True, text=True)
     if p.returncode != 0 or not os.path.isfile(out):
         raise UserError(f"profiling {' '.join(cmd[:3])} ... failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
-    with open(out, encoding="utf-8") as f:
-        rec = json.load(f)
+    rec = read_json(out, "a step_profile run wrote it incompletely; run the benchmark again")
     os.remove(out)
     return {k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
                                 "padding", "op_ms", "top_ops")}
@@ -123,6 +122,13 @@ def time_one(cmd, env, warmup, updates):
     return statistics.median(ups), {e: statistics.median(v) for e, v in by_epoch.items()}
 
 
+def old_records(out):
+    """The records already in OUT (a JSON list), or [] when there is none."""
+    if not os.path.isfile(out):
+        return []
+    return read_json(out, "repair it or name another file with --out", kind=list)
+
+
 def default_precisions(gpu):
     if gpu:
         return ["bf16"]
@@ -141,6 +147,7 @@ def run(opts):
     out = opts.out or os.path.join(folders().results, "gpu/throughput.json" if opts.gpu else "throughput-cpu.json")
     if opts.warmup >= opts.updates:
         raise UserError(f"--warmup {opts.warmup} must be below --updates {opts.updates}")
+    old_records(out)  # before the hour of measuring: a file the records cannot be appended to is refused now
     with tempfile.TemporaryDirectory() as scratch:
         cmds = commands(opts, folders(), scratch)
         speeds = {key: [] for key in cmds}
@@ -164,7 +171,7 @@ def run(opts):
                 "command": recorded(cmds[s, p][0], scratch),
                 **profiles.get((s, p), {})}
                for (s, p), values in speeds.items() for i, v in enumerate(values)]
-    old = json.load(open(out, encoding="utf-8")) if os.path.isfile(out) else []
+    old = old_records(out)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old + records, indent=1) + "\n")
     print(table(speeds, profiles, opts.reps, epochs))

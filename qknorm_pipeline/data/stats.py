@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ..files import write_atomic
+from ..files import read_json, write_atomic
 from ..recipes import REMOVE_BPE
 from .common import FAIRSEQ_SPLIT, DataError
 
@@ -27,8 +27,7 @@ def _lengths(path):
 
 
 def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, percentile=97.5):
-    with open(os.path.join(tok_dir, "counts.json")) as f:
-        tok_counts = json.load(f)
+    tok_counts = read_json(os.path.join(tok_dir, "counts.json"), f"prepare {pair} again (bash scripts/prepare.sh --pair {pair} --force)")
     lines, tokens = {}, {}
     for split in FAIRSEQ_SPLIT.values():
         segmented = {lang: _count_lines(os.path.join(bpe_dir, f"{split}.{lang}")) for lang in (src, tgt)}

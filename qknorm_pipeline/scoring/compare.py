@@ -33,7 +33,7 @@ import sys
 
 from ..cli import Parser, UsageError, one_pair, prog
 from ..cli import main as run_main
-from ..files import write_atomic
+from ..files import read_json, write_atomic
 from ..names import split_seed
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, MOSES_ESCAPES, ScoringError
@@ -129,8 +129,8 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
     systems = find_systems(pair_dir, runs)
     metas = {}
     for s in systems:
-        with open(os.path.join(pair_dir, s, "scores.json"), encoding="utf-8") as f:
-            metas[s] = json.load(f)
+        metas[s] = read_json(os.path.join(pair_dir, s, "scores.json"),
+                             f"evaluate it again (bash scripts/evaluate.sh {pair} {s})")
     ref = _reference(metas, pair)
     first = metas[systems[0]]
     metric = metric or first["metric"]
@@ -297,8 +297,7 @@ def write(table, results_dir):
 
 def read(path):
     """A table written by `write` (PAIR/compare.json), with the seeds' keys back to integers."""
-    with open(path, encoding="utf-8") as f:
-        table = json.load(f)
+    table = read_json(path, "build it again (bash scripts/compare.sh PAIR)")
     for r in table["rows"]:
         if "per_seed" in r:
             r["per_seed"] = {int(k): v for k, v in r["per_seed"].items()}

@@ -107,6 +107,17 @@ def test_plot_errors(tmp_path, capsys):
     assert not (tmp_path / "a.png").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none.log" in err[0] and "error" in err[0]
+    # a checkpoint cut short (zip) or not a checkpoint at all (pickle of a list): one line, no picture
+    import torch
+
+    torch.save({"model": {"w": torch.zeros(3)}}, tmp_path / "whole.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:200])
+    torch.save([1, 2], tmp_path / "list.pt")
+    for name, problem in (("cut.pt", "not a readable checkpoint (RuntimeError: "), ("list.pt", "not a fairseq checkpoint")):
+        assert plots.main(["scales", "--ckpt", f"x={tmp_path / name}", "--out", str(tmp_path / "s.png")]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{tmp_path / name}: {problem}" in err[0], err
+    assert not (tmp_path / "s.png").exists()
 
 
 def _valid_only_log(path):

@@ -51,6 +51,12 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
     assert again.returncode == 0, again.stderr[-2000:]
     recs = json.loads(out.read_text())
     assert len(recs) == 4 and "ops" not in recs[-1]  # appended, the first kept
+    # a records file that cannot be appended to is refused before the measuring, not after it
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"system": ')
+    refused = script("benchmark.sh", *argv[:-len(tiny) - 3], "--out", str(bad), "--", *tiny, root=tmp_path)
+    assert refused.returncode == 1 and "rep 1/" not in refused.stderr, refused.stderr[-2000:]
+    assert f"{bad}: not valid JSON (" in refused.stderr and "--out" in refused.stderr.splitlines()[-1]
     missing = script("benchmark.sh", "fairseq-train", "--pair", "en-vi", root=tmp_path)
     assert missing.returncode == 1
     assert "no prepared data in" in missing.stderr and "bash scripts/prepare.sh en-vi first" in missing.stderr

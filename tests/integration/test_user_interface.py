@@ -1,6 +1,7 @@
 """What a user sees: --help everywhere, one-line usage errors (exit 2), the progress display,
 results that are reused only when nothing changed, and results that hold no machine paths."""
 import glob
+import json
 import os
 import re
 import socket
@@ -250,6 +251,13 @@ def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
     same = run("--beam", "3")
     assert same.returncode == 0 and "already evaluated with this checkpoint and decoding command" in same.stderr
     assert "decoding demo/postnorm" not in same.stderr
+    scores = os.path.join(root, "results", "demo", "postnorm", "scores.json")
+    with open(scores, "r+") as f:  # cut short, as a full disk or a killed copy leaves it
+        f.truncate(20)
+    cut = run("--beam", "3")
+    assert cut.returncode == 0 and "decoding demo/postnorm" in cut.stderr, cut.stderr
+    assert "postnorm/scores.json: not valid JSON (" in cut.stderr and "it is decoded and scored again" in cut.stderr
+    assert json.load(open(scores))["systems"]["postnorm"]["multi_bleu"] >= 0
     changed = run("--beam", "2")
     assert changed.returncode == 0 and "decoding demo/postnorm" in changed.stderr, changed.stderr
     assert "'beam': 2" in open(log).read()

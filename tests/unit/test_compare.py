@@ -7,6 +7,7 @@ import os
 import pytest
 import sacrebleu
 
+from qknorm_pipeline.cli import UserError
 from qknorm_pipeline.scoring import compare
 
 from helpers import REPO, naive_bleu
@@ -85,6 +86,10 @@ def test_compare_errors(tmp_path):
     res = _fixture_results(tmp_path)
     with pytest.raises(compare.ScoringError, match="baseline 'nope'"):
         compare.build("en-vi", str(res), baseline="nope")
+    (res / "en-vi" / "qknorm" / "scores.json").write_text('{"reference": [')
+    with pytest.raises(UserError, match=r"qknorm/scores.json: not valid JSON \(.*\): evaluate it again "
+                                        r"\(bash scripts/evaluate.sh en-vi qknorm\)$"):
+        compare.build("en-vi", str(res))
 
 
 def test_runs_restricts_the_table(tmp_path):

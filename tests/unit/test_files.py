@@ -40,3 +40,19 @@ def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path):
         assert os.path.dirname(tmp) == str(tmp_path / "stage")
         files.write_atomic(os.path.join(tmp, "b.txt"), "new\n")
     assert os.listdir(out) == ["b.txt"] and os.listdir(tmp_path / "stage") == []
+
+
+def test_read_json_names_the_file_and_the_fix(tmp_path):
+    from qknorm_pipeline.cli import UserError
+
+    path = tmp_path / "scores.json"
+    path.write_text('{"systems": {"a": 1}}')
+    assert files.read_json(str(path), "unused") == {"systems": {"a": 1}}
+    path.write_text('{"systems": {"a"')  # cut short
+    with pytest.raises(UserError, match=rf"^{path}: not valid JSON \(Expecting ':' delimiter at line 1, column 17\): "
+                                        r"evaluate it again$"):
+        files.read_json(str(path), "evaluate it again")
+    path.write_text("[1, 2]")
+    with pytest.raises(UserError, match=rf"^{path}: holds a list, not a dict: fix$"):
+        files.read_json(str(path), "fix")
+    assert files.read_json(str(path), "fix", kind=list) == [1, 2]

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from qknorm_pipeline import recipes
-from qknorm_pipeline.cli import UsageError
+from qknorm_pipeline.cli import UsageError, UserError
 
 from helpers import REPO, module
 
@@ -140,6 +140,11 @@ def test_errors_name_the_problem(tmp_path, monkeypatch):
         recipes.train_args(recipes.load("demo"), "qknorm", paper_qknorm_length=True)
     with pytest.raises(recipes.RecipeError, match="unknown pair 'xx-yy'.*bash scripts/prepare.sh --pair xx-yy"):
         recipes.load("xx-yy", data_bin=str(tmp_path))
+    (tmp_path / "xx-yy").mkdir()
+    (tmp_path / "xx-yy" / "stats.json").write_text('{"lines": ')  # cut short
+    with pytest.raises(UserError, match=r"xx-yy/stats.json: not valid JSON \(.*\): prepare.sh wrote it: prepare xx-yy "
+                                        r"again \(bash scripts/prepare.sh --pair xx-yy --force\)$"):
+        recipes.load("xx-yy", data_bin=str(tmp_path / "xx-yy"))
     # a misspelt key in a config is named with its file
     monkeypatch.setattr(recipes, "CONFIG_DIR", str(tmp_path))
     (tmp_path / "base.yaml").write_text(open(os.path.join(REPO, "configs", "base.yaml")).read())
