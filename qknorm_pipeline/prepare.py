@@ -108,7 +108,7 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
     src, tgt, tokenized, bpe, merges, max_len = settings(pair, src_dir, tokenized, bpe, merges, max_len)
     if src_dir:
         if not os.path.isdir(src_dir):
-            raise UserError(f"--src-dir {src_dir} is not a folder")
+            raise UsageError(f"--src-dir {src_dir} is not a folder")
         in_dir = os.path.abspath(src_dir)
     else:
         in_dir = os.path.join(where.data, pair, "raw")

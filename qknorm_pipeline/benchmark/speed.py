@@ -29,6 +29,7 @@ from datetime import datetime
 import torch
 
 from .. import recipes
+from ..cli import UsageError
 from ..files import write_atomic
 from ..paths import USER_DIR, cpu_name, shareable
 
@@ -327,13 +328,13 @@ def run(opts):
     from qknorm_fairseq.architectures import PRESETS
 
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device; use --device cpu")
+        raise UsageError("--device cuda: torch sees no CUDA device; use --device cpu")
     if opts.dtype == "bf16" and not opts.device.startswith("cuda"):
-        raise SystemExit("--dtype bf16 is for --device cuda; a CPU benchmark runs in fp32")
+        raise UsageError("--dtype bf16 is for --device cuda; a CPU benchmark runs in fp32")
     archs = [STOCK] + (opts.archs or list(PRESETS))
     unknown = [a for a in archs[1:] if a not in PRESETS]
     if unknown:
-        raise SystemExit(f"unknown preset(s) {unknown}; choose from {list(PRESETS)}")
+        raise UsageError(f"--archs: unknown preset {unknown[0]!r}; choose from {' '.join(PRESETS)}")
     info = machine_info(opts)
     with tempfile.TemporaryDirectory() as tmp:
         data_bin = make_corpus(tmp, opts.vocab, n_sent=50)

@@ -127,4 +127,4 @@ def download(pair, out, cache, source=None, data=None):
         write_split_files(data, out, src, tgt, meta)
         log(f"{pair}: wrote {out} from {name}: " + " / ".join(f"{counts[s]} {s}" for s in SPLITS))
         return meta
-    raise DataError(f"could not obtain {pair}; every source failed:\n  " + "\n  ".join(failures))
+    raise DataError(f"could not obtain {pair}; every source failed: " + "; ".join(failures))

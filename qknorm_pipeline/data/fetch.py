@@ -205,8 +205,10 @@ def _fetch(url, dest, expect, min_size):
             break
         except _Transient as e:
             if attempt == RETRIES:
-                raise DataError(f"{url}: {e}; gave up after {RETRIES + 1} attempts; run the command again "
-                                f"to resume from {part}") from None
+                kept = os.path.getsize(part) if os.path.exists(part) else 0
+                again = (f"run the command again to resume from {part} ({kept} bytes kept)" if kept else
+                         "check the network (or the URL) and run the command again")
+                raise DataError(f"{url}: {e}; gave up after {RETRIES + 1} attempts; {again}") from None
             wait = BACKOFF_S * 2 ** attempt
             log(f"{url}: {e}; retry {attempt + 1} of {RETRIES} in {wait:g} s")
             time.sleep(wait)

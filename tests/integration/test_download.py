@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -321,7 +322,8 @@ def test_everything_dead_fails_with_every_reason_and_no_output(tmp_path, monkeyp
     with pytest.raises(DataError) as e:
         download("gl-en", str(tmp_path / "raw"), str(tmp_path / "cache"))
     msg = str(e.value)
-    assert "every source failed" in msg and msg.count("HTML page instead of data") == 2 and "not found" in msg
+    assert "every source failed: " in msg and msg.count("HTML page instead of data") == 2 and "not found" in msg
+    assert "\n" not in msg  # one line, each source's reason after "; "
     assert not (tmp_path / "raw").exists()
     assert not os.listdir(tmp_path / "cache")  # nothing half-written or unverified kept
     no_partials(tmp_path)
@@ -348,10 +350,21 @@ def test_truncated_archive_without_published_size(tmp_path, monkeypatch, configs
 
 def test_truncated_http_transfer_is_retried_then_kept_for_resuming(tmp_path, http_url, capfd):
     with pytest.raises(DataError, match=r"interrupted after \d+ of \d+ bytes; gave up after 6 attempts; run the "
-                                        r"command again to resume"):
+                                        r"command again to resume from .*file.bin.part \(\d+ bytes kept\)"):
         fetch.fetch(f"{http_url}/short/file.bin", str(tmp_path / "file.bin"))
     assert os.listdir(tmp_path) == ["file.bin.part"]  # never file.bin: it would mean "verified"
     assert capfd.readouterr().err.count("retry") == 5
+
+
+def test_a_transfer_that_never_started_does_not_promise_a_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(fetch, "RETRIES", 0)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DataError) as e:
+        fetch.fetch(f"http://127.0.0.1:{port}/file.bin", str(tmp_path / "file.bin"))
+    assert str(e.value).endswith("gave up after 1 attempts; check the network (or the URL) and run the command again")
+    assert "cannot connect" in str(e.value) and not os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize("what, wrong", [("size", 5), ("sha256", "0" * 64), ("md5", "0" * 32)])

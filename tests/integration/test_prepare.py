@@ -122,6 +122,8 @@ def test_errors_leave_no_output(tmp_path):
     assert not (tmp_path / "data-bin/xx-yy").exists() and not (tmp_path / "data/xx-yy/tok").exists()
     p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(bad), "--tokenized", "--bpe", "wordpiece", ok=False)
     assert p.returncode != 0 and "--bpe must be fastbpe or sentencepiece" in p.stderr
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(tmp_path / "nowhere"), "--tokenized", ok=False)
+    assert p.returncode == 2 and f"--src-dir {tmp_path / 'nowhere'} is not a folder" in p.stderr
 
 
 def test_a_bad_new_input_leaves_a_prepared_pair_as_it_was(tmp_path):
