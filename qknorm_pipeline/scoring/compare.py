@@ -289,9 +289,10 @@ def to_csv(table):
 
 def write(table, results_dir):
     base = os.path.join(results_dir, table["pair"], "compare")
-    write_atomic(base + ".json", json.dumps(table, indent=2) + "\n")
-    write_atomic(base + ".csv", to_csv(table))
-    write_atomic(base + ".md", to_markdown(table))
+    # every text first: a table that cannot be rendered leaves the old set of three whole
+    texts = {".json": json.dumps(table, indent=2) + "\n", ".csv": to_csv(table), ".md": to_markdown(table)}
+    for ext, text in texts.items():
+        write_atomic(base + ext, text)
     return base
 
 

@@ -184,3 +184,18 @@ def test_treebank_column_keeps_escapes_only_beside_a_published_qknorm_table_3_nu
     assert "60 Moses escapes" in table["warnings"][0]
     forced = compare.build("gl-en", str(tmp_path / "b" / "results"), n_samples=20, treebank_detok="treebank_unescape")
     assert forced["rows"][0]["sacrebleu_treebank"] == pytest.approx(plain, abs=0.01)
+
+
+def test_a_table_that_cannot_be_rendered_leaves_the_old_files_whole(tmp_path, monkeypatch):
+    res = _fixture_results(tmp_path)
+    compare.write(compare.build("en-vi", str(res), n_samples=20), str(res))
+    before = {ext: (res / "en-vi" / f"compare{ext}").read_text() for ext in (".json", ".csv", ".md")}
+
+    def broken(table):
+        raise ValueError("cannot render")
+
+    monkeypatch.setattr(compare, "to_markdown", broken)
+    table = compare.build("en-vi", str(res), n_samples=20, runs=["postnorm", "qknorm"])
+    with pytest.raises(ValueError, match="cannot render"):
+        compare.write(table, str(res))
+    assert {ext: (res / "en-vi" / f"compare{ext}").read_text() for ext in before} == before
