@@ -99,6 +99,14 @@ def _takes_extra(parser):
     return False
 
 
+def report(tag, error, prog=None):
+    """Print ERROR (a UserError) as its one line; a usage error points to PROG's --help. Returns
+    its exit status."""
+    hint = f" (see {prog} --help)" if prog and isinstance(error, UsageError) else ""
+    print(f"[{tag}] error: {error}{hint}", file=sys.stderr)
+    return error.exit_code
+
+
 def main(run, parser, argv=None):
     """Parse ARGV with PARSER and call run(args); the exit status: 0, or a UserError's (its message
     one line), 130 on Ctrl-C, 1 on a closed output pipe. Everything after `--` goes to args.extra
@@ -116,9 +124,7 @@ def main(run, parser, argv=None):
         run(args)
         return 0
     except UserError as e:
-        hint = f" (see {parser.prog} --help)" if isinstance(e, UsageError) else ""
-        print(f"[{parser.tag}] error: {e}{hint}", file=sys.stderr)
-        return e.exit_code
+        return report(parser.tag, e, parser.prog)
     except KeyboardInterrupt:
         print(f"[{parser.tag}] interrupted", file=sys.stderr)
         return 130

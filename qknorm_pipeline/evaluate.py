@@ -28,7 +28,7 @@ import sys
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
-from .files import read_json, write_lines
+from .files import count_lines, read_json, write_lines
 from .fingerprint import fingerprint
 from .paths import folders, short
 from .scoring.score import score_systems, write_scores
@@ -96,8 +96,7 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     if os.path.exists(os.path.join(out, ".done")):
         os.remove(os.path.join(out, ".done"))
 
-    with open(ref, encoding="utf-8") as f:
-        n_ref = sum(1 for _ in f)
+    n_ref = count_lines(ref)
     generate_log = os.path.join(out, "generate.log")
     log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}; log {short(generate_log)}")
     processes.decode(f"{pair}/{run}", gen, os.path.join(out, "generate.out"), generate_log, n_ref,

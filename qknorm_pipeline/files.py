@@ -34,6 +34,13 @@ def read_lines(path):
                             "e.g. iconv -f LATIN1 -t UTF-8 FILE > FILE.utf8") from None
 
 
+def count_lines(path):
+    """The lines of PATH as split_lines cuts them (at "\\n" only; a last line without one counts),
+    without holding the file in memory."""
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
 def read_json(path, fix, kind=dict):
     """The JSON value of PATH, of type KIND; a file that does not hold one (cut short, edited by
     hand) is a UserError naming it and FIX (what remakes it)."""

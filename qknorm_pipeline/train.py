@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import processes, recipes
-from .cli import Parser, UsageError, UserError, log, prog
+from .cli import Parser, UsageError, UserError, log, prog, report
 from .cli import main as run_main
 from .names import folder_name, run_name
 from .paths import cpu_has_bf16, cpu_name, folders, short
@@ -360,9 +360,8 @@ def run(a, own_options=()):
 def main(argv=None):
     try:
         p = parser()  # its help names the base config's systems and schedules
-    except UserError as e:
-        print(f"[{TAG}] error: {e}", file=sys.stderr)
-        return e.exit_code
+    except UserError as e:  # before the parser, whose --help it names, exists
+        return report(TAG, e)
     own = set(p._option_string_actions) - {"-h", "--help"}
     return run_main(lambda a: run(a, own), p, argv)
 

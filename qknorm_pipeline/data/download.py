@@ -87,7 +87,8 @@ def write_split_files(data, out, src, tgt, meta):
 
 
 def candidates(pair, source=None, data=None):
-    """(name, kind, urls) of each source download() tries for PAIR (only SOURCE's, when given)."""
+    """PAIR's recipe and the (name, kind, urls) of each source download() tries for it (only
+    SOURCE's, when given)."""
     known = [p for p in recipes.available_pairs() if p != "demo"]
     if pair not in recipes.available_pairs():
         raise UsageError(f"unknown pair {pair!r}: downloadable pairs are {', '.join(known)}; for your own "
@@ -99,12 +100,11 @@ def candidates(pair, source=None, data=None):
         if source not in names:
             raise UsageError(f"unknown source {source!r} for {pair}: choose one of {', '.join(names)}")
         found = [c for c in found if c[0] == source]
-    return found
+    return cfg, found
 
 
 def download(pair, out, cache, source=None, data=None):
-    tried = candidates(pair, source, data)
-    cfg = recipes.load(pair)
+    cfg, tried = candidates(pair, source, data)
     data_cfg = data or cfg.data
     src, tgt = cfg.src, cfg.tgt
     exact = set(data_cfg.exact_sources)

@@ -5,14 +5,9 @@ import os
 
 import numpy as np
 
-from ..files import read_json, write_atomic
+from ..files import count_lines, read_json, write_atomic
 from ..recipes import REMOVE_BPE
 from .common import FAIRSEQ_SPLIT, DataError
-
-
-def _count_lines(path):
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
 
 
 def _tokens(path):
@@ -30,8 +25,8 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
     tok_counts = read_json(os.path.join(tok_dir, "counts.json"), f"prepare {pair} again (bash scripts/prepare.sh --pair {pair} --force)")
     lines, tokens = {}, {}
     for split in FAIRSEQ_SPLIT.values():
-        segmented = {lang: _count_lines(os.path.join(bpe_dir, f"{split}.{lang}")) for lang in (src, tgt)}
-        tok_lines = _count_lines(os.path.join(tok_dir, f"{split}.{src}"))
+        segmented = {lang: count_lines(os.path.join(bpe_dir, f"{split}.{lang}")) for lang in (src, tgt)}
+        tok_lines = count_lines(os.path.join(tok_dir, f"{split}.{src}"))
         if set(segmented.values()) != {tok_lines}:
             raise DataError(f"{bpe_dir}: segmented {split} has {segmented} lines, tokenized text "
                             f"{tok_lines}: rerun scripts/prepare.sh with --force")
@@ -43,8 +38,7 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
     with open(os.path.join(bpe_dir, f"train.{tgt}"), encoding="utf-8") as f:
         for line in f:
             tgt_types.update(line.split())
-    with open(os.path.join(data_bin, f"dict.{src}.txt"), encoding="utf-8") as f:
-        dict_size = sum(1 for _ in f)
+    dict_size = count_lines(os.path.join(data_bin, f"dict.{src}.txt"))
     # QKNorm's L, as the plugin computes it from the binarized data (qknorm_fairseq/data_stats.py): for
     # the user (prepare.sh prints it) to compare with a paper's L (configs/PAIR.yaml model.qknorm_length)
     lengths = _lengths(os.path.join(bpe_dir, f"train.{src}")) + _lengths(os.path.join(bpe_dir, f"train.{tgt}"))

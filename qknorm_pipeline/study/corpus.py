@@ -8,17 +8,12 @@ from types import SimpleNamespace
 from .. import processes
 from ..cli import log
 from ..data.common import SPLITS
-from ..data.fetch import BLOCK, file_digest
-from ..files import atomic_dir
+from ..data.fetch import file_digest
+from ..files import atomic_dir, count_lines
 from ..paths import ROOT, short
 from .config import StudyError, corpus_files
 
 TAG = "study"
-
-
-def count_lines(path):
-    with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(BLOCK), b""))
 
 
 def check(cfg, folder, origin):

@@ -56,3 +56,10 @@ def test_read_json_names_the_file_and_the_fix(tmp_path):
     with pytest.raises(UserError, match=rf"^{path}: holds a list, not a dict: fix$"):
         files.read_json(str(path), "fix")
     assert files.read_json(str(path), "fix", kind=list) == [1, 2]
+
+
+def test_count_lines_cuts_where_split_lines_does(tmp_path):
+    path = tmp_path / "test.en"
+    for data in (b"a\rb\nc\r\n\xe2\x80\xa8d\n", b"a\nb", b"", b"\n\n"):  # a lone \r and U+2028 stay inside a line
+        path.write_bytes(data)
+        assert files.count_lines(str(path)) == len(files.read_lines(str(path))), data
