@@ -56,6 +56,26 @@ def dnas_log_weights(scores, query_pad=None):
     return scores - torch.logsumexp(over_queries, dim=-2, keepdim=True)
 
 
+def stamp(t: Optional[Tensor]):
+    """t with its version counter now, for `unchanged` to test a later tensor against."""
+    return None if t is None else (t, None if t.is_inference() else t._version)
+
+
+def unchanged(stamped, t: Optional[Tensor]) -> bool:
+    """Whether t holds the values the stamped tensor held when stamped, because it is that memory,
+    not written since: the same object, or a view of the same storage with the same offset, shape,
+    strides and dtype (fairseq's decoder slices its future mask anew for every layer). The stamp
+    keeps its tensor alive, so that memory cannot have been freed and reused by t."""
+    if stamped is None or t is None:
+        return stamped is None and t is None
+    a, version = stamped
+    if version is None or t.is_inference():  # inference tensors count no writes: the object itself only
+        return a is t
+    return t._version == version and (a is t or (
+        a.data_ptr() == t.data_ptr() and a.device == t.device and a.dtype == t.dtype and a.shape == t.shape
+        and a.stride() == t.stride()))
+
+
 class NormAttention(MultiheadAttention):
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, self_attention=False,
                  encoder_decoder_attention=False, attention_type="softmax", qknorm_p=2.0, qknorm_g0=1.0,
@@ -190,18 +210,22 @@ class NormAttention(MultiheadAttention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale)
 
-    # the last additive mask built, keyed by the very mask tensors it was built from: every layer of
-    # a forward receives the same ones, so the mask is built once per forward, not once per layer
-    _mask_cache = (None, None, None, None)
+    # the additive masks built in this forward, keyed by the mask tensors they were built from: every
+    # encoder layer and every cross-attention receive the same source mask, every decoder
+    # self-attention the same target masks, so each mask is built once per forward, not once per
+    # layer (a decoder layer alternates the two, hence two entries and a spare)
+    _mask_cache = []
+    _MASKS_KEPT = 3
 
     def _additive_mask(self, key_padding_mask, attn_mask, dtype):
         if torch.compiler.is_compiling():  # the cache's identity tests would cost a compiled layer a recompile
             return self._build_additive_mask(key_padding_mask, attn_mask, dtype)
-        kpm, am, dt, mask = NormAttention._mask_cache
-        if kpm is key_padding_mask and am is attn_mask and dt == dtype:
-            return mask
+        for kpm, am, dt, mask in NormAttention._mask_cache:
+            if dt == dtype and unchanged(kpm, key_padding_mask) and unchanged(am, attn_mask):
+                return mask
         mask = self._build_additive_mask(key_padding_mask, attn_mask, dtype)
-        NormAttention._mask_cache = (key_padding_mask, attn_mask, dtype, mask)
+        NormAttention._mask_cache = [(stamp(key_padding_mask), stamp(attn_mask), dtype, mask),
+                                     *NormAttention._mask_cache[:NormAttention._MASKS_KEPT - 1]]
         return mask
 
     @staticmethod

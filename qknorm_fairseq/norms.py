@@ -42,7 +42,7 @@ def _fp32_norm(x):
 class _L2NormalizeFunction(torch.autograd.Function):
     """x / max(||x||, eps) in fp32 (at least), cast back to x's dtype, with a hand-written backward
     that does autograd's arithmetic on the plain ops, rounding for rounding (the gradients are the
-    same bits), in 11 ATen ops (13 for bf16 x) where autograd's chain through the division, clamp and
+    same bits), in 11 ATen ops (12 for bf16 x) where autograd's chain through the division, clamp and
     norm dispatches 16 (19): issue #38, a QKNorm preset has 19 of these per update."""
 
     @staticmethod
@@ -57,9 +57,10 @@ class _L2NormalizeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         y, clamped, norm = ctx.saved_tensors
-        g = dy.to(y.dtype)
         # autograd's order: d/dx of x / c, and d/dc = -g * ((x / c) / c) summed, zero where clamped,
-        # through the norm as (x / ||x||) * d/dc, where x / ||x|| is y wherever it is not clamped
+        # through the norm as (x / ||x||) * d/dc, where x / ||x|| is y wherever it is not clamped.
+        # g is dy in fp32: an op with fp32 operands promotes a half-precision dy exactly, as a cast would.
+        g = dy
         d_self = (g / clamped).to(ctx.dtype)
         d_norm = (-g * (y / clamped)).sum(-1, keepdim=True).masked_fill_(norm < ctx.eps, 0)
         return d_self.add_((y * d_norm).to(ctx.dtype)), None

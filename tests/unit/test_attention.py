@@ -222,3 +222,21 @@ def test_lp_normalize_of_a_zero_vector_has_zero_output_and_finite_gradient(p):
 def test_dnas_needs_self_attention():
     with pytest.raises(ValueError, match="self-attention"):
         NormAttention(D, H, encoder_decoder_attention=True, attention_type="dnas")
+
+
+def test_a_mask_is_unchanged_when_it_is_the_same_memory_unwritten_and_nothing_else():
+    from qknorm_fairseq.attention import stamp, unchanged
+
+    future = torch.triu(torch.full((6, 6), float("-inf")), 1)
+    a = future[:4, :4]
+    s = stamp(a)
+    assert unchanged(s, a) and unchanged(s, future[:4, :4])  # fairseq's decoder slices anew for each layer
+    assert unchanged(None, None) and not unchanged(s, None) and not unchanged(None, a)
+    assert not unchanged(s, future[:3, :3]) and not unchanged(s, future[1:5, 1:5])
+    assert not unchanged(s, a.clone())  # equal values, other memory: not known to stay equal
+    assert not unchanged(s, a.t()) and not unchanged(s, a.to(torch.bfloat16))
+    future[5, 0] = 1.0  # a write anywhere in the memory behind the view
+    assert not unchanged(s, future[:4, :4]) and not unchanged(s, a)
+    with torch.inference_mode():
+        m = torch.zeros(3, 3)
+    assert unchanged(stamp(m), m) and not unchanged(stamp(m), m[:, :])

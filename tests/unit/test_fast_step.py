@@ -193,6 +193,42 @@ def test_every_qknorm_and_fixnorm_normalisation_takes_the_hand_written_backward_
         assert torch.equal(a, b)
 
 
+def test_each_attention_mask_is_built_once_per_forward_with_the_same_result(tiny_data, monkeypatch):
+    """Encoder self-attention and cross-attention share the source's padding mask, every decoder
+    self-attention the target's padding and future masks (a new slice of fairseq's future mask in
+    each layer): two masks built per forward, not one per layer, and the same loss and gradients
+    to the bit as with a mask built in every layer."""
+    from qknorm_fairseq.attention import NormAttention
+
+    results = {}
+    for cache in (True, False):
+        torch.manual_seed(0)
+        model, task = build(tiny_data / "bin", "transformer_qknorm", "--encoder-layers", "3", "--decoder-layers", "3",
+                            "--word-dropout", "0")
+        src, lengths, prev = batch(task)
+        built = []
+        real = NormAttention._build_additive_mask
+        monkeypatch.setattr(NormAttention, "_build_additive_mask", staticmethod(
+            lambda kpm, am, dtype, _built=built, _real=real: (
+                _built.append((kpm is not None, am is not None)) or _real(kpm, am, dtype))))
+        if not cache:
+            monkeypatch.setattr(NormAttention, "_additive_mask",
+                                lambda self, kpm, am, dtype: NormAttention._build_additive_mask(kpm, am, dtype))
+        model.train()
+        torch.manual_seed(1)
+        loss = model(src, lengths, prev)[0].float().logsumexp(-1).sum()
+        loss.backward()
+        monkeypatch.undo()
+        masks = [b for b in built if b != (False, False)]
+        # uncached: 3 encoder layers, then each decoder layer's self- and cross-attention, but the
+        # last cross-attention's, which returns fairseq's alignment weights (the explicit path)
+        assert masks == ([(True, False), (True, True)] if cache else
+                         [(True, False)] * 3 + [(True, True), (True, False)] * 2 + [(True, True)]), masks
+        results[cache] = [loss] + [p.grad for p in model.parameters() if p.grad is not None]
+    for a, b in zip(*results.values(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_encoder_without_its_padding_test_is_fairseqs_encoder(tiny_data):
     """Our encoder always passes the padding mask (no host sync); fairseq's passes None when a batch
     has no padding. Same outputs, bit for bit, with and without padding."""
