@@ -3,10 +3,13 @@
 an error is one line `[step] error: ...` that names the fix, never a traceback for a user's mistake.
 Library code raises a UserError; `main` turns it into that line."""
 import argparse
+import dataclasses
 import os
 import re
 import sys
 import time
+
+from .paths import folders
 
 
 class UserError(Exception):
@@ -107,6 +110,14 @@ def report(tag, error, prog=None):
     return error.exit_code
 
 
+def _output_hint(path):
+    """Where PATH lies in one of the output folders, which ones they are and how they are moved."""
+    full = os.path.abspath(os.fsdecode(path))
+    if not any(full == f or full.startswith(f + os.sep) for f in dataclasses.astuple(folders())):
+        return ""  # a path the command was given
+    return " (the output folders are DATA_DIR, DATA_BIN, CKPT_DIR, LOG_DIR and RESULTS_DIR: docs/usage.md)"
+
+
 def main(run, parser, argv=None):
     """Parse ARGV with PARSER and call run(args); the exit status: 0, or a UserError's (its message
     one line), 130 on Ctrl-C, 1 on a closed output pipe. Everything after `--` goes to args.extra
@@ -133,7 +144,7 @@ def main(run, parser, argv=None):
     except OSError as e:
         if e.filename is None:
             raise
-        # a folder that cannot be made or written (a path that is a file, no permission, a full disk)
-        print(f"[{parser.tag}] error: {e.filename}: {e.strerror}; check that path (the output folders are "
-              "DATA_DIR, DATA_BIN, CKPT_DIR, LOG_DIR and RESULTS_DIR: docs/usage.md)", file=sys.stderr)
+        # a file or folder that cannot be read, made or written (a path that is a file, no permission, a full disk)
+        print(f"[{parser.tag}] error: {e.filename}: {e.strerror}; check that path{_output_hint(e.filename)}",
+              file=sys.stderr)
         return 1

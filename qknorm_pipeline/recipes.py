@@ -246,8 +246,9 @@ def read_stats(data_bin):
     path = os.path.join(data_bin, "stats.json")
     if not os.path.exists(path):
         return None
-    pair = os.path.basename(os.path.normpath(data_bin))
-    return read_json(path, f"prepare.sh wrote it: prepare {pair} again (bash scripts/prepare.sh --pair {pair} --force)")
+    from .prepare import redo
+
+    return read_json(path, redo(data_bin, os.path.basename(os.path.normpath(data_bin))))
 
 
 def read_yaml(path, error=None):

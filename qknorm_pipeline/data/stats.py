@@ -22,7 +22,9 @@ def _lengths(path):
 
 
 def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, percentile=97.5):
-    tok_counts = read_json(os.path.join(tok_dir, "counts.json"), f"prepare {pair} again (bash scripts/prepare.sh --pair {pair} --force)")
+    from ..prepare import redo
+
+    tok_counts = read_json(os.path.join(tok_dir, "counts.json"), redo(tok_dir, pair))
     lines, tokens = {}, {}
     for split in FAIRSEQ_SPLIT.values():
         segmented = {lang: count_lines(os.path.join(bpe_dir, f"{split}.{lang}")) for lang in (src, tgt)}

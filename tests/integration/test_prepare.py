@@ -2,6 +2,7 @@
 corpus (raw text, SentencePiece), the error paths, and the shared TED gl-en data."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -88,6 +89,17 @@ def test_demo_end_to_end_and_resume(tmp_path):
     assert "tokenized text up to date" in p.stderr and "BPE up to date" in p.stderr and "binarizing" in p.stderr
     assert json.loads((out / "stats.json").read_text())["lines"] == stats["lines"]
     assert not [f for f in os.listdir(tmp_path / "data-bin") if ".tmp." in f]
+    # a stats.json cut short: one line with the fix, and the fix works, redoing the last stage only
+    (out / "stats.json").write_text('{"lines": ')
+    p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.recipes", "train-args", "demo", "qknorm"],
+                       env=env_for(tmp_path), capture_output=True, text=True, cwd=REPO)
+    assert p.returncode != 0 and p.stderr.strip().endswith(
+        "and prepare it again (bash scripts/prepare.sh --pair demo)"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and f"delete {out} " in p.stderr
+    shutil.rmtree(out)
+    p = sh(tmp_path, "prepare.sh", "--pair", "demo")
+    assert "tokenized text up to date" in p.stderr and "BPE up to date" in p.stderr and "binarizing" in p.stderr
+    assert json.loads((out / "stats.json").read_text())["lines"] == stats["lines"]
 
 
 def test_own_raw_corpus_with_sentencepiece(tmp_path):

@@ -63,3 +63,21 @@ def test_count_lines_cuts_where_split_lines_does(tmp_path):
     for data in (b"a\rb\nc\r\n\xe2\x80\xa8d\n", b"a\nb", b"", b"\n\n"):  # a lone \r and U+2028 stay inside a line
         path.write_bytes(data)
         assert files.count_lines(str(path)) == len(files.read_lines(str(path))), data
+
+
+def test_a_path_that_cannot_be_read_or_written_is_one_line_and_the_folder_hint_only_for_output_folders(
+        tmp_path, monkeypatch, capsys):
+    from qknorm_pipeline import cli
+
+    monkeypatch.setenv("DATA_BIN", str(tmp_path / "bin"))
+
+    def opening(path):
+        def run(args):
+            open(path, encoding="utf-8")
+        return run
+
+    for path, hint in ((tmp_path / "given.txt", False), (tmp_path / "bin" / "gl-en" / "stats.json", True)):
+        assert cli.main(opening(path), cli.Parser(tag="step"), []) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"[step] error: {path}: No such file or directory; check that path") and err.count("\n") == 1
+        assert ("the output folders are DATA_DIR" in err) == hint, err
