@@ -14,7 +14,8 @@ Prints one line when training starts, then the progress (update / max update, lo
 LR, updates per second, ETA: a redrawn bar on a terminal, a line per validation otherwise), then a
 summary. Writes checkpoints to $CKPT_DIR/PAIR/NAME/ (checkpoint_best.pt by dev BLEU,
 checkpoint_last.pt) and fairseq's whole output (JSON log records) to $LOG_DIR/PAIR/NAME/train.log.
-Re-running resumes from checkpoint_last.pt; a run that finished with the same command is skipped.
+Re-running resumes from checkpoint_last.pt (one cut short is refused, with what to do); a run that
+finished with the same command is skipped.
 Exit status: 0 trained (or already trained), 2 a usage error (this command's or fairseq's), 1 a failure.
 """
 import argparse
@@ -23,6 +24,7 @@ import os
 import shlex
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass, field
 
 from . import processes, recipes
@@ -249,6 +251,20 @@ def signature(run):
     return hashlib.sha1(shlex.join(run.fairseq_args).encode()).hexdigest()
 
 
+def check_resumable(run):
+    """fairseq resumes from checkpoint_last.pt; one cut short (a full disk, a copy interrupted) would
+    stop it with torch's traceback. torch.save writes a zip archive, whose directory comes last."""
+    last = os.path.join(run.save_dir, "checkpoint_last.pt")
+    if not os.path.exists(last) or zipfile.is_zipfile(last):
+        return
+    with open(last, "rb") as f:
+        if f.read(1) == b"\x80":  # a pickle: torch.save's format before torch 1.6
+            return
+    raise UserError(f"{short(last)} is not a whole checkpoint (cut short?): move it away and train again, which "
+                    f"starts {run.pair}/{run.name} over, or resumes from a readable checkpoint of this run copied "
+                    "to that name (checkpoint_best.pt: from its best validation)")
+
+
 def train(run, python_warnings="show"):
     """Train RUN, resuming from its last checkpoint; skipped when it finished with the same command."""
     data_bin = run.fairseq_args[0]
@@ -258,6 +274,7 @@ def train(run, python_warnings="show"):
         log(TAG, f"{run.pair}/{run.name} already trained with this command: {short(run.save_dir)}/checkpoint_best.pt "
                  f"(delete {short(run.save_dir)}/.done to retrain)")
         return
+    check_resumable(run)
     if run.split:
         log(TAG, run.split)
     os.makedirs(run.save_dir, exist_ok=True)

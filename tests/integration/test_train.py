@@ -69,6 +69,20 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
     # the same command again is skipped (resuming is fairseq's, from checkpoint_last.pt: test_lr_scheduler)
     p = _train_sh("demo", "postnorm", *extra, **roots)
     assert p.returncode == 0 and "already trained with this command" in p.stderr
+    # a checkpoint_last.pt cut short: one line, nothing launched, the file kept; the fix it names works
+    whole = (save / "checkpoint_last.pt").read_bytes()
+    (save / "checkpoint_last.pt").write_bytes(whole[: len(whole) // 2])
+    longer = [*extra[:1], "6", *extra[2:]]
+    p = _train_sh("demo", "postnorm", *longer, **roots)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"[train] error: {save}/checkpoint_last.pt is not a whole checkpoint (cut short?): move it away and train "
+        "again, which starts demo/postnorm over, or resumes from a readable checkpoint of this run copied to that "
+        "name (checkpoint_best.pt: from its best validation)"], p.stderr
+    assert len((save / "checkpoint_last.pt").read_bytes()) == len(whole) // 2
+    shutil.copy(save / "checkpoint_best.pt", save / "checkpoint_last.pt")
+    p = _train_sh("demo", "postnorm", *longer, **roots)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert '"num_updates": "6"' in log.read_text()
 
 
 def test_seed_option_names_the_run_and_reaches_fairseq():
