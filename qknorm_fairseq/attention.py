@@ -210,7 +210,7 @@ class NormAttention(MultiheadAttention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale)
 
-    # the additive masks built in this forward, keyed by the mask tensors they were built from: every
+    # the last additive masks built, keyed by the mask tensors they were built from: every
     # encoder layer and every cross-attention receive the same source mask, every decoder
     # self-attention the same target masks, so each mask is built once per forward, not once per
     # layer (a decoder layer alternates the two, hence two entries and a spare)

@@ -112,6 +112,8 @@ def report(tag, error, prog=None):
 
 def _output_hint(path):
     """Where PATH lies in one of the output folders, which ones they are and how they are moved."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return ""
     full = os.path.abspath(os.fsdecode(path))
     if not any(full == f or full.startswith(f + os.sep) for f in dataclasses.astuple(folders())):
         return ""  # a path the command was given
