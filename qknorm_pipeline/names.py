@@ -13,11 +13,11 @@ SEED = re.compile(r"^(?P<variant>.+)_seed(?P<seed>[0-9]+)$")
 FOLDER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 
 
-def folder_name(kind, name):
+def folder_name(kind, name, error=ValueError):
     """NAME, which becomes a folder under the output folders (a pair, a run): one path component of
-    plain characters, so that it cannot point elsewhere; else a ValueError naming KIND."""
+    plain characters, so that it cannot point elsewhere; else ERROR naming KIND."""
     if not FOLDER_NAME.match(name):
-        raise ValueError(f"{kind} {name!r}: a name of letters, digits and _ . + - (no / or leading . or -), "
+        raise error(f"{kind} {name!r}: a name of letters, digits and _ . + - (no / or leading . or -), "
                          "as it names a folder")
     return name
 

@@ -299,10 +299,7 @@ def load(pair, data_bin=None, announce=False):
     """The merged recipe of PAIR (a Recipe). ANNOUNCE: print the sizes chosen from the data, if any."""
     if pair == BASE:
         raise RecipeError(f"{BASE!r} is the recipe every pair starts from, not a pair: name a pair")
-    try:
-        folder_name("pair", pair)
-    except ValueError as e:
-        raise RecipeError(str(e)) from None
+    folder_name("pair", pair, RecipeError)
     path = os.path.join(CONFIG_DIR, f"{pair}.yaml")
     own = read_yaml(path) if os.path.exists(path) else None
     layers = [read_yaml(os.path.join(CONFIG_DIR, f"{BASE}.yaml"))]

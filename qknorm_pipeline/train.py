@@ -165,10 +165,7 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
     train in (a dry run shows the command all the same)."""
     where = where or folders()
     name = opts.name or run_name(system, opts.seed, opts.schedule)
-    try:
-        folder_name("--name" if opts.name else "run name", name)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    folder_name("--name" if opts.name else "run name", name, UsageError)
     data_bin = os.path.join(where.data_bin, pair)
     cfg = recipe or recipes.load(pair, data_bin, announce=True)
     recipes.system(cfg, system)

@@ -31,7 +31,7 @@ def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, perce
         tok_lines = count_lines(os.path.join(tok_dir, f"{split}.{src}"))
         if set(segmented.values()) != {tok_lines}:
             raise DataError(f"{bpe_dir}: segmented {split} has {segmented} lines, tokenized text "
-                            f"{tok_lines}: rerun scripts/prepare.sh with --force")
+                            f"{tok_lines}: {redo(bpe_dir, pair)}")
         lines[split] = {"input": tok_counts["lines"][split]["input"], "kept": tok_lines}
         tokens[split] = {lang: {"words": _tokens(os.path.join(tok_dir, f"{split}.{lang}")),
                                 "subwords": _tokens(os.path.join(bpe_dir, f"{split}.{lang}"))}

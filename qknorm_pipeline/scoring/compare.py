@@ -298,7 +298,8 @@ def write(table, results_dir):
 
 def read(path):
     """A table written by `write` (PAIR/compare.json), with the seeds' keys back to integers."""
-    table = read_json(path, "build it again (bash scripts/compare.sh PAIR)")
+    pair = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    table = read_json(path, f"build it again (bash scripts/compare.sh {pair})")
     for r in table["rows"]:
         if "per_seed" in r:
             r["per_seed"] = {int(k): v for k, v in r["per_seed"].items()}

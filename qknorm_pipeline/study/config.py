@@ -141,10 +141,7 @@ def load(path):
                              "configs/studies/")
         layer["corpus"] = recipes.read_yaml(other, StudyError).get("corpus")
     cfg = recipes.structured(Study, [layer, {"config": shareable(path)}], shareable(path))
-    try:
-        folder_name("name", cfg.name)
-    except ValueError as e:
-        raise StudyError(f"{shareable(path)}: {e}") from None
+    folder_name(f"{shareable(path)}: name", cfg.name, StudyError)
     for system in cfg.systems:
         if system in cfg.stock.rows:
             raise StudyError(f"{shareable(path)}: {system!r} is both one of ours and a stock row")
