@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
-from .fast_dropout import swap_dropouts
 from .norms import l2_normalize
 
 # --*-attention NAME -> (scores, weights)
@@ -85,6 +84,8 @@ class NormAttention(MultiheadAttention):
         self.fast_dropout = fast_dropout
         self.attention_kernel = attention_kernel
         if fast_dropout:
+            from .fast_dropout import swap_dropouts  # imported only here: see model._swap_dropouts
+
             swap_dropouts(self)
         self.scores, self.weights = ATTENTIONS[attention_type]
         self.attention_type = attention_type

@@ -17,7 +17,6 @@ from torch import nn
 
 from . import config, data_stats, distributed
 from .attention import ATTENTIONS, NormAttention
-from .fast_dropout import swap_dropouts
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .norms import NORMS
 from .positions import POSITIONS, build_positions
@@ -139,6 +138,10 @@ def _attention(cfg, embed_dim, heads, kind, **kw):
 
 def _swap_dropouts(module, cfg):
     if cfg.fast_dropout:
+        # imported only with the flag: its torch.compiler.disable imports torch._dynamo, 2 s of every
+        # process that loads the plugin (fairseq-generate, interactive, validate never need it)
+        from .fast_dropout import swap_dropouts
+
         swap_dropouts(module)
 
 

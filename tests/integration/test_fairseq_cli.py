@@ -151,6 +151,17 @@ def test_importing_the_plugin_leaves_logging_as_it_was():
     assert p.stderr == ""
 
 
+def test_the_plugin_imports_torch_dynamo_only_with_fast_dropout():
+    """torch._dynamo costs every process that loads the plugin 2 s; fairseq-generate never needs it, so
+    only --fast-dropout (whose numpy draws torch.compile must skip) imports it."""
+    code = ("import sys, qknorm_fairseq; before = 'torch._dynamo' in sys.modules; "
+            "from qknorm_fairseq.attention import NormAttention; NormAttention(8, 2, self_attention=True); "
+            "plain = 'torch._dynamo' in sys.modules; NormAttention(8, 2, self_attention=True, fast_dropout=True); "
+            "print(before, plain, 'torch._dynamo' in sys.modules)")
+    p = run([sys.executable, "-c", code], cwd=REPO)
+    assert p.stdout.split() == ["False", "False", "True"], p.stdout + p.stderr
+
+
 def test_multi_tensor_adam_trains_as_fairseqs_adam(tiny_data, tmp_path):
     """fairseq-train with --optimizer multi_tensor_adam: fairseq's LR scheduler and clipping drive it,
     and every logged training loss equals that of --optimizer adam to 1e-6."""
