@@ -18,6 +18,7 @@ $RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json} (--chec
 its last/ subfolder). A stored result is reused only when the checkpoint, the test data, the whole
 decoding command, the scorer and the package versions are unchanged (a fingerprint in the
 folder's .done, see qknorm_pipeline/fingerprint.py); anything else decodes again.
+A checkpoint cut short (no zip directory at its end) is refused before decoding, with what to do.
 Exit status: 0 scored, 2 a usage error, 1 a failure.
 """
 import argparse
@@ -28,7 +29,7 @@ import sys
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
-from .files import count_lines, read_json, write_lines
+from .files import count_lines, is_whole_checkpoint, read_json, write_lines
 from .fingerprint import fingerprint
 from .paths import folders, short
 from .scoring.score import score_systems, write_scores
@@ -70,6 +71,11 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
             raise UsageError(f"unknown system {run!r}: no {short(os.path.dirname(ckpt))}/ and not one of the systems "
                              f"of configs/{pair}.yaml ({' '.join(cfg.systems)})")
         raise UserError(f"no checkpoint {short(ckpt)}: train first (bash scripts/train.sh {pair} {run})")
+    if not is_whole_checkpoint(ckpt):
+        other = "last" if checkpoint == "best" else "best"
+        raise UserError(f"{short(ckpt)} is not a whole checkpoint (cut short?): decode checkpoint_{other}.pt "
+                        f"(--checkpoint {other}), or move {short(os.path.dirname(ckpt))}/ away and train again "
+                        f"(bash scripts/train.sh {pair} {run})")
     if not os.path.isdir(data_bin):
         raise UserError(f"no binarized data {short(data_bin)}: run bash scripts/prepare.sh --pair {pair}")
     if not os.path.isfile(ref):

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 
 
 def split_lines(text):
@@ -99,3 +100,12 @@ def write_atomic(path, text):
 
 def write_lines(path, lines):
     write_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def is_whole_checkpoint(path):
+    """PATH could be a whole torch.save file: torch.save writes a zip archive, whose directory comes
+    last (a file cut short by a full disk or an interrupted copy has none); before torch 1.6, a pickle."""
+    if zipfile.is_zipfile(path):
+        return True
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"

@@ -24,12 +24,12 @@ import os
 import shlex
 import subprocess
 import sys
-import zipfile
 from dataclasses import dataclass, field
 
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog, report
 from .cli import main as run_main
+from .files import is_whole_checkpoint
 from .names import folder_name, run_name
 from .paths import cpu_has_bf16, cpu_name, folders, short
 
@@ -249,14 +249,10 @@ def signature(run):
 
 
 def check_resumable(run):
-    """fairseq resumes from checkpoint_last.pt; one cut short (a full disk, a copy interrupted) would
-    stop it with torch's traceback. torch.save writes a zip archive, whose directory comes last."""
+    """fairseq resumes from checkpoint_last.pt; one cut short would stop it with torch's traceback."""
     last = os.path.join(run.save_dir, "checkpoint_last.pt")
-    if not os.path.exists(last) or zipfile.is_zipfile(last):
+    if not os.path.exists(last) or is_whole_checkpoint(last):
         return
-    with open(last, "rb") as f:
-        if f.read(1) == b"\x80":  # a pickle: torch.save's format before torch 1.6
-            return
     raise UserError(f"{short(last)} is not a whole checkpoint (cut short?): move it away and train again, which "
                     f"starts {run.pair}/{run.name} over, or resumes from a readable checkpoint of this run copied "
                     "to that name (checkpoint_best.pt: from its best validation)")

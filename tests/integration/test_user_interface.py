@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -261,6 +262,26 @@ def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
     changed = run("--beam", "2")
     assert changed.returncode == 0 and "decoding demo/postnorm" in changed.stderr, changed.stderr
     assert "'beam': 2" in open(log).read()
+
+
+def test_evaluate_sh_refuses_a_checkpoint_cut_short_and_the_fix_it_names_works(tiny_pipeline):
+    root = tiny_pipeline
+    trained, cut = (root / "checkpoints" / "demo" / name for name in ("postnorm", "cut"))
+    cut.mkdir()
+    whole = (trained / "checkpoint_best.pt").read_bytes()
+    (cut / "checkpoint_best.pt").write_bytes(whole[: len(whole) // 2])
+    shutil.copy(trained / "checkpoint_last.pt", cut / "checkpoint_last.pt")
+    run = lambda *words: subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), *words],  # noqa: E731
+                                        env=environment(root), capture_output=True, text=True)
+    refused = run("demo", "cut")
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        f"[evaluate] error: {cut}/checkpoint_best.pt is not a whole checkpoint (cut short?): decode "
+        f"checkpoint_last.pt (--checkpoint last), or move {cut}/ away and train again (bash scripts/train.sh demo "
+        "cut)"], refused.stderr
+    assert not (root / "results" / "demo" / "cut").exists()
+    last = run("--checkpoint", "last", "demo", "cut")
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert len((root / "results" / "demo" / "cut" / "last" / "hyp.txt").read_text().splitlines()) == 40
 
 
 # ---- shareable results ----
