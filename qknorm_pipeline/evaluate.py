@@ -31,6 +31,7 @@ from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
 from .files import count_lines, is_whole_checkpoint, read_json, write_lines
 from .fingerprint import fingerprint
+from .names import split_seed
 from .paths import folders, short
 from .scoring.score import score_systems, write_scores
 
@@ -58,6 +59,15 @@ def hypotheses(generate_out):
     return [hyps[i] for i in sorted(hyps)]
 
 
+def train_command(cfg, pair, run):
+    """The train.sh command that makes RUN: a system of the pair, or one with --seed K (SYSTEM_seedK);
+    other names (a schedule, a study's rate) come from a command this cannot rebuild."""
+    system, seed = split_seed(run)
+    if system not in cfg.systems:
+        return f"the train.sh command that named it {run}"
+    return f"bash scripts/train.sh {f'--seed {seed} ' if seed != 1 else ''}{pair} {system}"
+
+
 def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     """Decode and score RUN's checkpoint (best or last); returns its scores (scores.json)."""
     where = where or folders()
@@ -67,15 +77,15 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     ref = os.path.join(where.data, pair, "tok", f"test.{cfg.tgt}")
     out = out_dir(where, pair, run, checkpoint)
     if not os.path.isfile(ckpt):
-        if not os.path.isdir(os.path.dirname(ckpt)) and run not in cfg.systems:
+        if not os.path.isdir(os.path.dirname(ckpt)) and split_seed(run)[0] not in cfg.systems:
             raise UsageError(f"unknown system {run!r}: no {short(os.path.dirname(ckpt))}/ and not one of the systems "
                              f"of configs/{pair}.yaml ({' '.join(cfg.systems)})")
-        raise UserError(f"no checkpoint {short(ckpt)}: train first (bash scripts/train.sh {pair} {run})")
+        raise UserError(f"no checkpoint {short(ckpt)}: train first ({train_command(cfg, pair, run)})")
     if not is_whole_checkpoint(ckpt):
         other = "last" if checkpoint == "best" else "best"
         raise UserError(f"{short(ckpt)} is not a whole checkpoint (cut short?): decode checkpoint_{other}.pt "
                         f"(--checkpoint {other}), or move {short(os.path.dirname(ckpt))}/ away and train again "
-                        f"(bash scripts/train.sh {pair} {run})")
+                        f"({train_command(cfg, pair, run)})")
     if not os.path.isdir(data_bin):
         raise UserError(f"no binarized data {short(data_bin)}: run bash scripts/prepare.sh --pair {pair}")
     if not os.path.isfile(ref):

@@ -266,22 +266,26 @@ def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
 
 def test_evaluate_sh_refuses_a_checkpoint_cut_short_and_the_fix_it_names_works(tiny_pipeline):
     root = tiny_pipeline
-    trained, cut = (root / "checkpoints" / "demo" / name for name in ("postnorm", "cut"))
+    trained, cut = (root / "checkpoints" / "demo" / name for name in ("postnorm", "postnorm_seed2"))
     cut.mkdir()
     whole = (trained / "checkpoint_best.pt").read_bytes()
     (cut / "checkpoint_best.pt").write_bytes(whole[: len(whole) // 2])
     shutil.copy(trained / "checkpoint_last.pt", cut / "checkpoint_last.pt")
     run = lambda *words: subprocess.run(["bash", os.path.join(REPO, "scripts", "evaluate.sh"), *words],  # noqa: E731
                                         env=environment(root), capture_output=True, text=True)
-    refused = run("demo", "cut")
+    refused = run("demo", "postnorm_seed2")
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
         f"[evaluate] error: {cut}/checkpoint_best.pt is not a whole checkpoint (cut short?): decode "
-        f"checkpoint_last.pt (--checkpoint last), or move {cut}/ away and train again (bash scripts/train.sh demo "
-        "cut)"], refused.stderr
-    assert not (root / "results" / "demo" / "cut").exists()
-    last = run("--checkpoint", "last", "demo", "cut")
+        f"checkpoint_last.pt (--checkpoint last), or move {cut}/ away and train again (bash scripts/train.sh --seed 2 "
+        "demo postnorm)"], refused.stderr
+    assert not (root / "results" / "demo" / "postnorm_seed2").exists()
+    last = run("--checkpoint", "last", "demo", "postnorm_seed2")
     assert last.returncode == 0, last.stderr[-3000:]
-    assert len((root / "results" / "demo" / "cut" / "last" / "hyp.txt").read_text().splitlines()) == 40
+    assert len((root / "results" / "demo" / "postnorm_seed2" / "last" / "hyp.txt").read_text().splitlines()) == 40
+    # a run trained without a checkpoint: the command that trains it
+    missing = run("demo", "qknorm_seed3")
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines()[-1].endswith(
+        "/checkpoints/demo/qknorm_seed3/checkpoint_best.pt: train first (bash scripts/train.sh --seed 3 demo qknorm)")
 
 
 # ---- shareable results ----
