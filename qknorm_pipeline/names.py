@@ -18,7 +18,7 @@ def folder_name(kind, name, error=ValueError):
     plain characters, so that it cannot point elsewhere; else ERROR naming KIND."""
     if not FOLDER_NAME.match(name):
         raise error(f"{kind} {name!r}: a name of letters, digits and _ . + - (no / or leading . or -), "
-                         "as it names a folder")
+                    "as it names a folder")
     return name
 
 
