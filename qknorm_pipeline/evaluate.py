@@ -17,7 +17,9 @@ one line when decoding starts, the progress (sentences done / total), and the sc
 $RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json} (--checkpoint last: in
 its last/ subfolder). A stored result is reused only when the checkpoint, the test data, the whole
 decoding command, the scorer and the package versions are unchanged (a fingerprint in the
-folder's .done, see qknorm_pipeline/fingerprint.py); anything else decodes again.
+folder's .done, written last, see qknorm_pipeline/fingerprint.py); anything else decodes again.
+scores.json names the checkpoint and its SHA-256, by which compare.sh refuses scores of a
+checkpoint trained again since.
 A checkpoint cut short (no zip directory at its end) is refused before decoding, with what to do.
 Exit status: 0 scored, 2 a usage error, 1 a failure.
 """
@@ -30,9 +32,9 @@ from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
 from .files import count_lines, is_whole_checkpoint, read_json, write_lines
-from .fingerprint import fingerprint
+from .fingerprint import file_digest, fingerprint
 from .names import split_seed
-from .paths import folders, short
+from .paths import folders, shareable, short
 from .scoring.score import score_systems, write_scores
 
 TAG = "evaluate"
@@ -125,6 +127,7 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
                         f"skipped sentences (see {short(os.path.join(out, 'generate.out'))})")
     scores = score_systems([ref], [(run, hyp_path)], detok=detok, lang=lang, metric=metric,
                            warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    scores["checkpoint"] = {"path": shareable(ckpt), "sha256": file_digest(ckpt)}  # compare checks it is current
     write_scores(scores_path, scores)
     processes.mark_done(out, key)
     log(TAG, f"{pair}/{run}: test {score_line(scores)} (detok {detok}) -> {short(scores_path)}")

@@ -1,5 +1,5 @@
 """What the tests share: the repository's places, commands run as a user runs them, the tiny
-corpus and model, independent (textbook) BLEU and bootstrap, and fairseq log lines."""
+corpus and model, independent (textbook) BLEU and bootstrap, evaluated results and fairseq log lines."""
 import json
 import math
 import os
@@ -209,6 +209,17 @@ def brute_force_bootstrap_p(refs, base, system, n_samples=300, seed=7):
         score = [bleu_from_stats([sum(col) for col in zip(*(st[i] for i in idx))]) for st in (ss, sb)]
         not_better += score[0] <= score[1]
     return (not_better + 1) / (n_samples + 1)
+
+
+# --- results as evaluate.sh leaves them ---------------------------------------------------------
+
+def write_result(folder, hyps, scores):
+    """FOLDER as evaluate.sh leaves a finished run: hyp.txt (HYPS, one per line), scores.json (SCORES)
+    and, written last, .done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (folder / "scores.json").write_text(json.dumps(scores), encoding="utf-8")
+    (folder / ".done").write_text("fixture\n")
 
 
 # --- fairseq's log lines -------------------------------------------------------------------------

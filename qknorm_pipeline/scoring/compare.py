@@ -8,7 +8,8 @@ Reads $RESULTS_DIR/PAIR/<run>/{hyp.txt,scores.json} (written by scripts/evaluate
 system under every metric, tests each against the baseline (postnorm, else scalenorm, else
 prenorm; --baseline NAME), places the published numbers of results/published.csv beside them,
 prints the table and writes $RESULTS_DIR/PAIR/compare.{md,csv,json}. Nothing is reused: the table
-is computed from the current hypotheses every time.
+is computed from the current hypotheses every time. A run is refused when its evaluation did not
+finish (no .done) or its checkpoint has changed since (trained again): evaluate it again.
 
 Columns: multi_bleu (multi-bleu.perl on the tokenized text); multi_bleu_detok (multi-bleu-detok.perl
 after the pair's detokenizer), which is SacreBLEU's 13a BLEU with the signature given under the
@@ -31,9 +32,10 @@ import os
 import statistics
 import sys
 
-from ..cli import Parser, UsageError, one_pair, prog
+from ..cli import Parser, UsageError, UserError, one_pair, prog
 from ..cli import main as run_main
 from ..files import read_json, write_atomic
+from ..fingerprint import file_digest
 from ..names import split_seed
 from ..paths import ROOT, shareable
 from .bleu import DETOKENIZERS, MOSES_ESCAPES, ScoringError
@@ -73,14 +75,24 @@ def load_published(path, pair):
 
 
 def find_systems(pair_dir, only=None):
-    """The evaluated runs in pair_dir (<run>/scores.json + hyp.txt); only: just these, each required."""
+    """The evaluated runs in pair_dir (<run>/scores.json + hyp.txt, finished: .done); only: just these,
+    each required. A run whose result lacks its .done (a decoding failed or was stopped after an
+    earlier one) is refused unless left out: its files may be the earlier decoding's."""
     if not os.path.isdir(pair_dir):
         raise ScoringError(f"no results in {pair_dir!r}: run scripts/evaluate.sh first")
-    systems = []
+    systems, unfinished = [], []
     for name in sorted(os.listdir(pair_dir)):
         d = os.path.join(pair_dir, name)
-        if os.path.isfile(os.path.join(d, "scores.json")) and os.path.isfile(os.path.join(d, "hyp.txt")):
+        result = [f for f in ("scores.json", "hyp.txt") if os.path.isfile(os.path.join(d, f))]
+        if len(result) == 2 and os.path.isfile(os.path.join(d, ".done")):
             systems.append(name)
+        elif result and (only is None or name in only):
+            unfinished.append(name)
+    if unfinished:
+        pair = os.path.basename(os.path.normpath(pair_dir))
+        raise UserError(f"unfinished evaluation of {', '.join(unfinished)} in {pair_dir!r} (a result without the .done "
+                           f"evaluate.sh writes last: a decoding failed or was stopped, so its files may be an earlier "
+                           f"one's): evaluate again (bash scripts/evaluate.sh {pair} {unfinished[0]}) or leave it out (--runs)")
     if only is not None:
         missing = [r for r in only if r not in systems]
         if missing:
@@ -90,6 +102,17 @@ def find_systems(pair_dir, only=None):
     if not systems:
         raise ScoringError(f"no evaluated systems (<system>/scores.json + hyp.txt) in {pair_dir!r}")
     return systems
+
+
+def check_current(pair, run, meta):
+    """Refuse RUN's scores when the checkpoint they name (evaluate.sh records its SHA-256) has changed
+    since: trained again without evaluating. Not checked when it is gone (results kept without their
+    checkpoints) or not named (scores.json written before evaluate.sh recorded it)."""
+    ckpt = meta.get("checkpoint")
+    path = ckpt and os.path.join(ROOT, ckpt["path"])
+    if path and os.path.isfile(path) and file_digest(path) != ckpt["sha256"]:
+        raise UserError(f"{pair}/{run}: its scores are of an earlier {ckpt['path']} (it has changed since it was "
+                           f"evaluated: trained again?): evaluate again (bash scripts/evaluate.sh {pair} {run})")
 
 
 def treebank_procedure(published, chosen=None):
@@ -131,6 +154,7 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
     for s in systems:
         metas[s] = read_json(os.path.join(pair_dir, s, "scores.json"),
                              f"evaluate it again (bash scripts/evaluate.sh {pair} {s})")
+        check_current(pair, s, metas[s])
     ref = _reference(metas, pair)
     first = metas[systems[0]]
     metric = metric or first["metric"]

@@ -1,6 +1,7 @@
 """What a user sees: --help everywhere, one-line usage errors (exit 2), the progress display,
 results that are reused only when nothing changed, and results that hold no machine paths."""
 import glob
+import hashlib
 import json
 import os
 import re
@@ -286,6 +287,35 @@ def test_evaluate_sh_refuses_a_checkpoint_cut_short_and_the_fix_it_names_works(t
     missing = run("demo", "qknorm_seed3")
     assert missing.returncode == 1 and missing.stderr.strip().splitlines()[-1].endswith(
         "/checkpoints/demo/qknorm_seed3/checkpoint_best.pt: train first (bash scripts/train.sh --seed 3 demo qknorm)")
+
+
+def test_compare_sh_refuses_a_result_trained_again_or_decoded_halfway_and_the_fixes_it_names_work(tiny_pipeline):
+    root = tiny_pipeline
+    again = root / "checkpoints" / "demo" / "again"
+    again.mkdir()
+    shutil.copy(root / "checkpoints" / "demo" / "prenorm" / "checkpoint_best.pt", again)
+    run = lambda script, *words: subprocess.run(["bash", os.path.join(REPO, "scripts", script), *words],  # noqa: E731
+                                                env=environment(root), capture_output=True, text=True)
+    compare = lambda: run("compare.sh", "demo", "--runs", "again", "--n-samples", "20")  # noqa: E731
+    fix = "evaluate again (bash scripts/evaluate.sh demo again)"
+    assert run("evaluate.sh", "demo", "again").returncode == 0
+    scores = json.load(open(root / "results" / "demo" / "again" / "scores.json"))
+    assert scores["checkpoint"] == {"path": str(again / "checkpoint_best.pt"),
+                                    "sha256": hashlib.sha256((again / "checkpoint_best.pt").read_bytes()).hexdigest()}
+    # trained again, not evaluated: refused, and the fix it names makes the table
+    shutil.copy(root / "checkpoints" / "demo" / "postnorm" / "checkpoint_best.pt", again)
+    stale = compare()
+    assert stale.returncode == 1 and stale.stderr.strip().splitlines()[-1] == (
+        f"[compare] error: demo/again: its scores are of an earlier {again}/checkpoint_best.pt (it has changed since "
+        f"it was evaluated: trained again?): {fix}"), stale.stderr
+    assert run("evaluate.sh", "demo", "again").returncode == 0 and compare().returncode == 0
+    # a decoding again that fails leaves the earlier hyp.txt and scores.json: refused until one finishes
+    failed = run("evaluate.sh", "demo", "again", "--beam", "0")
+    assert failed.returncode != 0 and (root / "results" / "demo" / "again" / "scores.json").exists()
+    halfway = compare()
+    assert halfway.returncode == 1 and halfway.stderr.strip().splitlines()[-1].startswith(
+        "[compare] error: unfinished evaluation of again in "), halfway.stderr
+    assert halfway.stderr.strip().endswith(f"{fix} or leave it out (--runs)")
 
 
 # ---- shareable results ----

@@ -1,8 +1,10 @@
 """The comparison table on fixture results (tests/system runs evaluate.sh and compare.sh on a
 trained model)."""
 import csv
+import hashlib
 import json
 import os
+import re
 
 import pytest
 import sacrebleu
@@ -10,7 +12,7 @@ import sacrebleu
 from qknorm_pipeline.cli import UserError
 from qknorm_pipeline.scoring import compare
 
-from helpers import REPO, naive_bleu
+from helpers import REPO, naive_bleu, write_result
 
 
 def _fixture_results(tmp_path):
@@ -20,11 +22,8 @@ def _fixture_results(tmp_path):
             "scalenorm": lambda i: f"câu số {i} rất dài và hay lắm nhé",
             "qknorm": lambda i: f"câu số {i} rất dài và hay lắm"}
     for name, f in outs.items():
-        d = tmp_path / "results" / "en-vi" / name
-        d.mkdir(parents=True)
-        (d / "hyp.txt").write_text("".join(f(i) + "\n" for i in range(60)), encoding="utf-8")
-        (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu",
-                                                   "detok": "none", "systems": {}}))
+        write_result(tmp_path / "results" / "en-vi" / name, [f(i) for i in range(60)],
+                     {"reference": [str(ref)], "metric": "multi_bleu", "detok": "none", "systems": {}})
     return tmp_path / "results"
 
 
@@ -53,11 +52,8 @@ def test_compare_table_with_published(tmp_path):
 def test_each_published_number_sits_beside_ours_in_its_metric(tmp_path):
     ref = tmp_path / "ref.en"
     ref.write_text("".join(f"it &apos;s talk number {i} , isn &apos;t it ?\n" for i in range(40)))
-    d = tmp_path / "results" / "gl-en" / "scalenorm"
-    d.mkdir(parents=True)
-    (d / "hyp.txt").write_text("".join(f"it &apos;s the talk {i} , isn &apos;t it\n" for i in range(40)))
-    (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu_detok",
-                                               "detok": "moses", "systems": {}}))
+    write_result(tmp_path / "results" / "gl-en" / "scalenorm", [f"it &apos;s the talk {i} , isn &apos;t it" for i in range(40)],
+                 {"reference": [str(ref)], "metric": "multi_bleu_detok", "detok": "moses", "systems": {}})
     table = compare.build("gl-en", str(tmp_path / "results"), n_samples=50)
     row = table["rows"][0]
     assert row["multi_bleu"] != row["multi_bleu_detok"] != row["sacrebleu_treebank"]
@@ -92,6 +88,49 @@ def test_compare_errors(tmp_path):
         compare.build("en-vi", str(res))
 
 
+def test_a_result_without_its_done_is_refused_unless_left_out(tmp_path, capsys):
+    """evaluate.sh removes .done before it decodes again and writes it last: scores.json + hyp.txt
+    without it may be an earlier decoding's (the new one failed or was stopped)."""
+    res = _fixture_results(tmp_path)
+    (res / "en-vi" / "qknorm" / ".done").unlink()
+    assert compare.main(["--pair", "en-vi", "--results-dir", str(res), "--n-samples", "20"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"[compare] error: unfinished evaluation of qknorm in '{res}/en-vi' (a result without the .done evaluate.sh "
+        "writes last: a decoding failed or was stopped, so its files may be an earlier one's): evaluate again "
+        "(bash scripts/evaluate.sh en-vi qknorm) or leave it out (--runs)"]
+    assert not (res / "en-vi" / "compare.md").exists()
+    table = compare.build("en-vi", str(res), n_samples=20, runs=["postnorm", "scalenorm"])
+    assert [r["system"] for r in table["rows"]] == ["postnorm", "scalenorm"]
+    with pytest.raises(UserError, match="unfinished evaluation of qknorm"):
+        compare.build("en-vi", str(res), runs=["postnorm", "qknorm"])
+    # a folder with no result yet (the first decoding failed) is no run of the table
+    (res / "en-vi" / "qknorm" / ".done").write_text("key\n")
+    (res / "en-vi" / "fixnorm").mkdir()
+    (res / "en-vi" / "fixnorm" / "generate.log").write_text("Traceback ...\n")
+    assert [r["system"] for r in compare.build("en-vi", str(res), n_samples=20)["rows"]] == [
+        "postnorm", "qknorm", "scalenorm"]
+
+
+def test_scores_of_a_checkpoint_changed_since_are_refused(tmp_path):
+    """scores.json names the checkpoint evaluate.sh decoded and its SHA-256: one trained again since is
+    refused; one deleted (results kept without checkpoints), or a scores.json naming none, is not checked."""
+    res = _fixture_results(tmp_path)
+    ckpt = tmp_path / "checkpoints" / "qknorm" / "checkpoint_best.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"weights")
+    scores = res / "en-vi" / "qknorm" / "scores.json"
+    scores.write_text(json.dumps({**json.loads(scores.read_text()),
+                                  "checkpoint": {"path": str(ckpt), "sha256": hashlib.sha256(b"weights").hexdigest()}}))
+    assert len(compare.build("en-vi", str(res), n_samples=20)["rows"]) == 3
+    ckpt.write_bytes(b"weights, trained again")
+    with pytest.raises(UserError, match=re.escape(
+            f"en-vi/qknorm: its scores are of an earlier {ckpt} (it has changed since it was evaluated: trained "
+            "again?): evaluate again (bash scripts/evaluate.sh en-vi qknorm)")):
+        compare.build("en-vi", str(res), n_samples=20)
+    ckpt.unlink()
+    assert len(compare.build("en-vi", str(res), n_samples=20)["rows"]) == 3
+
+
 def test_runs_restricts_the_table(tmp_path):
     """--runs: only the named run folders, so a report of seed 1 leaves out seed 2's finished runs."""
     res = _fixture_results(tmp_path)
@@ -118,8 +157,7 @@ def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypa
     hyps = {"postnorm": [r.replace("good", "bad") for r in refs], "qknorm": refs}
     for name, lines in hyps.items():
         d = tmp_path / "results" / "gl-en" / name
-        d.mkdir(parents=True)
-        (d / "hyp.txt").write_text("".join(h + "\n" for h in lines))
+        write_result(d, lines, {})
         scores = score.score_systems([str(tmp_path / "data" / "test.en")], [(name, str(d / "hyp.txt"))])
         assert scores["reference"] == [os.path.join("data", "test.en")]
         (d / "scores.json").write_text(json.dumps(scores))
@@ -153,11 +191,8 @@ def _apostrophe_results(tmp_path, pair):
     tmp_path.mkdir(parents=True, exist_ok=True)
     ref = tmp_path / "ref.en"
     ref.write_text("".join(f"it &apos;s talk {i} , isn &apos;t it ?\n" for i in range(30)))
-    d = tmp_path / "results" / pair / "scalenorm"
-    d.mkdir(parents=True)
-    (d / "hyp.txt").write_text("".join(f"it &apos;s the talk {i} , isn &apos;t it\n" for i in range(30)))
-    (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu",
-                                               "detok": "moses", "systems": {}}))
+    write_result(tmp_path / "results" / pair / "scalenorm", [f"it &apos;s the talk {i} , isn &apos;t it" for i in range(30)],
+                 {"reference": [str(ref)], "metric": "multi_bleu", "detok": "moses", "systems": {}})
     return tmp_path / "results"
 
 

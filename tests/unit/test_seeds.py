@@ -1,6 +1,5 @@
 """Several training seeds per system: the table's mean, spread and per-seed scores (tests/system
 runs `reproduce.sh --seeds 2` on the demo)."""
-import json
 import random
 import statistics
 
@@ -10,7 +9,7 @@ from scipy import stats as scipy_stats
 from qknorm_pipeline.scoring import bleu, compare
 from qknorm_pipeline.scoring.significance import sentence_variance
 
-from helpers import naive_bleu
+from helpers import naive_bleu, write_result
 
 
 def _runs(tmp_path, names):
@@ -22,11 +21,8 @@ def _runs(tmp_path, names):
     hyps = {}
     for name, noise in names.items():
         hyps[name] = [" ".join(w if rng.random() > noise else rng.choice(vocab) for w in r.split()) for r in refs]
-        d = tmp_path / "results" / "demo" / name
-        d.mkdir(parents=True)
-        (d / "hyp.txt").write_text("".join(h + "\n" for h in hyps[name]))
-        (d / "scores.json").write_text(json.dumps({"reference": [str(ref)], "metric": "multi_bleu",
-                                                   "detok": "none", "systems": {}}))
+        write_result(tmp_path / "results" / "demo" / name, hyps[name],
+                     {"reference": [str(ref)], "metric": "multi_bleu", "detok": "none", "systems": {}})
     return refs, hyps
 
 
