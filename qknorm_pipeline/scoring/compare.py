@@ -91,8 +91,8 @@ def find_systems(pair_dir, only=None):
     if unfinished:
         pair = os.path.basename(os.path.normpath(pair_dir))
         raise UserError(f"unfinished evaluation of {', '.join(unfinished)} in {pair_dir!r} (a result without the .done "
-                           f"evaluate.sh writes last: a decoding failed or was stopped, so its files may be an earlier "
-                           f"one's): evaluate again (bash scripts/evaluate.sh {pair} {unfinished[0]}) or leave it out (--runs)")
+                        f"evaluate.sh writes last: a decoding failed or was stopped, so its files may be an earlier "
+                        f"one's): evaluate again (bash scripts/evaluate.sh {pair} {unfinished[0]}) or leave it out (--runs)")
     if only is not None:
         missing = [r for r in only if r not in systems]
         if missing:
@@ -112,7 +112,7 @@ def check_current(pair, run, meta):
     path = ckpt and os.path.join(ROOT, ckpt["path"])
     if path and os.path.isfile(path) and file_digest(path) != ckpt["sha256"]:
         raise UserError(f"{pair}/{run}: its scores are of an earlier {ckpt['path']} (it has changed since it was "
-                           f"evaluated: trained again?): evaluate again (bash scripts/evaluate.sh {pair} {run})")
+                        f"evaluated: trained again?): evaluate again (bash scripts/evaluate.sh {pair} {run})")
 
 
 def treebank_procedure(published, chosen=None):
