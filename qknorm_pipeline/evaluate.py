@@ -32,7 +32,7 @@ from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
 from .files import count_lines, is_whole_checkpoint, read_json, write_lines
-from .fingerprint import file_digest, fingerprint
+from .fingerprint import fingerprint_of, parts
 from .names import split_seed
 from .paths import folders, shareable, short
 from .scoring.score import score_systems, write_scores
@@ -100,7 +100,8 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     metric, detok, lang = cfg.eval.metric, cfg.eval.detok, cfg.tgt
     scorer = ["score", "--metric", metric, "--detok", detok, "--lang", lang]
     data_files = sorted(glob.glob(os.path.join(data_bin, "dict.*.txt")) + glob.glob(os.path.join(data_bin, "test.*")))
-    key = fingerprint([ckpt, ref, *data_files], gen + scorer)
+    identity = parts([ckpt, ref, *data_files], gen + scorer)
+    key = fingerprint_of(identity)
     scores_path = os.path.join(out, "scores.json")
     if os.path.isfile(scores_path) and processes.is_done(out, key):
         try:
@@ -127,7 +128,7 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
                         f"skipped sentences (see {short(os.path.join(out, 'generate.out'))})")
     scores = score_systems([ref], [(run, hyp_path)], detok=detok, lang=lang, metric=metric,
                            warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-    scores["checkpoint"] = {"path": shareable(ckpt), "sha256": file_digest(ckpt)}  # compare checks it is current
+    scores["checkpoint"] = {"path": shareable(ckpt), "sha256": identity["files"][0]}  # compare checks it is current
     write_scores(scores_path, scores)
     processes.mark_done(out, key)
     log(TAG, f"{pair}/{run}: test {score_line(scores)} (detok {detok}) -> {short(scores_path)}")

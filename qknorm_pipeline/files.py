@@ -6,6 +6,7 @@ not at all: it is written under a temporary name and renamed into place only whe
 result for a finished one.
 """
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -100,6 +101,12 @@ def write_atomic(path, text):
 
 def write_lines(path, lines):
     write_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def file_digest(path, algorithm="sha256"):
+    """The hex digest of PATH's content (a download's checksum, a result's checkpoint and fingerprint)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
 def is_whole_checkpoint(path):

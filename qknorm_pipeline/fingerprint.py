@@ -18,7 +18,7 @@ from importlib import metadata
 
 from .cli import Parser
 from .cli import main as run_main
-from .data import fetch
+from .files import file_digest
 from .paths import ROOT
 
 PACKAGES = ("fairseq-fixed", "fairseq", "torch", "sacrebleu", "sacremoses", "nltk", "sentencepiece")
@@ -56,10 +56,6 @@ def code_files(root=None):
     return sorted(found)
 
 
-def file_digest(path):
-    return fetch.file_digest(path, "sha256")
-
-
 def versions():
     out = {}
     for name in PACKAGES:
@@ -78,8 +74,12 @@ def parts(files, command, root=None):
 
 
 def fingerprint(files, command, root=None):
+    return fingerprint_of(parts(files, command, root))
+
+
+def fingerprint_of(p):
+    """The SHA-256 of PARTS (parts()): a caller that needs a file's own digest too reads it once."""
     h = hashlib.sha256()
-    p = parts(files, command, root)
     for key in ("files", "command"):
         for item in p[key]:
             h.update(item.encode("utf-8") + b"\0")

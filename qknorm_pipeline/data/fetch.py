@@ -8,7 +8,6 @@ A file that fails a check is deleted, .part included: nothing unverified is kept
 """
 import contextlib
 import fcntl
-import hashlib
 import http.client
 import os
 import sys
@@ -16,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
+from ..files import file_digest
 from .common import DataError, NotFound, log
 
 RETRIES = 5  # further attempts after a network error
@@ -32,14 +32,6 @@ class _Transient(Exception):
 def looks_like_html(head):
     h = head[:1024].lstrip().lower()
     return h.startswith(b"<!doctype html") or h.startswith(b"<html") or b"<html" in h[:200]
-
-
-def file_digest(path, algorithm):
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(BLOCK), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _mib(n):

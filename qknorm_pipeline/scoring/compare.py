@@ -34,10 +34,10 @@ import sys
 
 from ..cli import Parser, UsageError, UserError, one_pair, prog
 from ..cli import main as run_main
-from ..files import read_json, write_atomic
-from ..fingerprint import file_digest
+from ..files import file_digest, read_json, write_atomic
 from ..names import split_seed
 from ..paths import ROOT, shareable
+from ..processes import is_done
 from .bleu import DETOKENIZERS, MOSES_ESCAPES, ScoringError
 from .score import METRICS, score_runs
 from .significance import bootstrap_floor, format_p, holm, paired_bootstrap, pooled_variance, seed_t_test, sentence_variance
@@ -84,7 +84,7 @@ def find_systems(pair_dir, only=None):
     for name in sorted(os.listdir(pair_dir)):
         d = os.path.join(pair_dir, name)
         result = [f for f in ("scores.json", "hyp.txt") if os.path.isfile(os.path.join(d, f))]
-        if len(result) == 2 and os.path.isfile(os.path.join(d, ".done")):
+        if len(result) == 2 and is_done(d):
             systems.append(name)
         elif result and (only is None or name in only):
             unfinished.append(name)

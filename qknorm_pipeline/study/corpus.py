@@ -8,8 +8,7 @@ from types import SimpleNamespace
 from .. import processes
 from ..cli import log
 from ..data.common import SPLITS
-from ..data.fetch import file_digest
-from ..files import atomic_dir, count_lines
+from ..files import atomic_dir, count_lines, file_digest
 from ..paths import ROOT, short
 from .config import StudyError, corpus_files
 

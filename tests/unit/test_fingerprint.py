@@ -27,8 +27,9 @@ def test_code_files_are_every_module_of_the_plugin_and_the_scorer_and_what_the_s
     code = fingerprint.code_files()
     assert listed <= set(code)
     assert {"qknorm_fairseq/positions.py", "qknorm_fairseq/config.py", "qknorm_pipeline/files.py"} <= set(code)
-    # nothing that neither decodes nor scores: training, plots and the study are not imported by the scorer
-    assert not {"qknorm_pipeline/train.py", "qknorm_pipeline/plots.py", "qknorm_pipeline/evaluate.py"} & set(code)
+    # nothing that neither decodes nor scores: training, plots, the study and downloads are not imported by the scorer
+    assert not {"qknorm_pipeline/train.py", "qknorm_pipeline/plots.py", "qknorm_pipeline/evaluate.py",
+                "qknorm_pipeline/data/fetch.py", "qknorm_pipeline/fingerprint.py"} & set(code)
 
 
 @pytest.mark.parametrize("module", ["qknorm_fairseq/positions.py", "qknorm_fairseq/config.py",
