@@ -90,9 +90,10 @@ def find_systems(pair_dir, only=None):
             unfinished.append(name)
     if unfinished:
         pair = os.path.basename(os.path.normpath(pair_dir))
+        again = "; ".join(f"bash scripts/evaluate.sh {pair} {run}" for run in unfinished)
         raise UserError(f"unfinished evaluation of {', '.join(unfinished)} in {pair_dir!r} (a result without the .done "
                         f"evaluate.sh writes last: a decoding failed or was stopped, so its files may be an earlier "
-                        f"one's): evaluate again (bash scripts/evaluate.sh {pair} {unfinished[0]}) or leave it out (--runs)")
+                        f"one's): evaluate again ({again}) or leave {'them' if len(unfinished) > 1 else 'it'} out (--runs)")
     if only is not None:
         missing = [r for r in only if r not in systems]
         if missing:

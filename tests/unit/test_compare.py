@@ -103,6 +103,14 @@ def test_a_result_without_its_done_is_refused_unless_left_out(tmp_path, capsys):
     assert [r["system"] for r in table["rows"]] == ["postnorm", "scalenorm"]
     with pytest.raises(UserError, match="unfinished evaluation of qknorm"):
         compare.build("en-vi", str(res), runs=["postnorm", "qknorm"])
+    # several: each one's command is named
+    (res / "en-vi" / "scalenorm" / ".done").unlink()
+    with pytest.raises(UserError) as e:
+        compare.build("en-vi", str(res), n_samples=20)
+    assert str(e.value).startswith(f"unfinished evaluation of qknorm, scalenorm in '{res}/en-vi' ")
+    assert str(e.value).endswith("evaluate again (bash scripts/evaluate.sh en-vi qknorm; bash scripts/evaluate.sh "
+                                 "en-vi scalenorm) or leave them out (--runs)")
+    (res / "en-vi" / "scalenorm" / ".done").write_text("key\n")
     # a folder with no result yet (the first decoding failed) is no run of the table
     (res / "en-vi" / "qknorm" / ".done").write_text("key\n")
     (res / "en-vi" / "fixnorm").mkdir()
