@@ -225,7 +225,10 @@ def seed_t_test(sys_scores, base_scores, sentence_var=0.0, pooled=None):
     for a system with one seed (``pooled_variance`` of the others); without it that system's seed
     term is unknown and left out (``seed_terms`` says so). ``sentence_var``: a variance added to the
     seed terms v_i (``sentence_variance``), not to their degrees of freedom, Welch-Satterthwaite's
-    (sum v_i)^2 / sum (v_i^2 / df_i); infinite (a normal) when no seed term has a variance.
+    (sum v_i)^2 / sum (v_i^2 / df_i); the pooled estimate's when both terms are it (one estimate,
+    counted once); the fewest of the terms' when no seed varied (0/0); infinite (a normal) only when
+    neither system's seed spread is known (``seed_spread_known`` false: the p is then the test set's
+    alone, which the study report does not count as resolving a pair).
     Returns the delta of the means, its standard error, the degrees of freedom, t, the two-sided p
     and the 95% interval delta +- t(0.975, df) * se."""
     from scipy import stats as scipy_stats  # here: 0.5 s to import, which --help need not wait for
@@ -236,7 +239,13 @@ def seed_t_test(sys_scores, base_scores, sentence_var=0.0, pooled=None):
     delta = float(np.mean(sys_scores) - np.mean(base_scores))
     seeds = terms[0][0] + terms[1][0]
     denominator = sum(v * v / df for v, df, _ in terms)
-    df = seeds * seeds / denominator if denominator else math.inf
+    finite = [df for _, df, _ in terms if not math.isinf(df)]
+    if [src for _, _, src in terms] == ["pooled", "pooled"]:
+        df = pooled[1]  # one estimate serves both terms: its degrees of freedom count once
+    elif denominator:
+        df = seeds * seeds / denominator
+    else:  # no seed varied: Welch-Satterthwaite is 0/0; the fewest degrees of freedom, never a normal's
+        df = min(finite) if finite else math.inf
     se = math.sqrt(seeds + sentence_var)
     if se == 0:
         t = 0.0 if delta == 0 else math.copysign(math.inf, delta)
@@ -246,6 +255,7 @@ def seed_t_test(sys_scores, base_scores, sentence_var=0.0, pooled=None):
     return {"delta": delta, "se": se, "df": df, "t": t, "p_two_sided": float(2 * scipy_stats.t.sf(abs(t), df)),
             "ci95": [delta - half, delta + half],
             "seeds": [len(sys_scores), len(base_scores)], "seed_terms": [terms[0][2], terms[1][2]],
+            "seed_spread_known": "unknown" not in (terms[0][2], terms[1][2]),
             "sentence_var": sentence_var, "test": "seed_t_test"}
 
 
@@ -253,6 +263,8 @@ def holm(p_values):
     """Holm-Bonferroni adjusted p-values, in the order given: the i-th smallest of m p-values times
     (m - i + 1), raised to the largest adjusted value before it, at most 1. A test of the family is
     significant at level a when its adjusted p is below a; the family-wise error is then at most a."""
+    if any(math.isnan(p) for p in p_values):
+        raise ValueError(f"holm: a p-value is NaN ({list(p_values)}): a test of the family failed; fix it or leave it out")
     m = len(p_values)
     adjusted, running = [0.0] * m, 0.0
     for rank, i in enumerate(sorted(range(m), key=lambda j: p_values[j])):
@@ -273,4 +285,6 @@ def format_p(p, floor=None):
     decimals, or two significant digits below 0.001 (a t test's p has no floor)."""
     if floor is not None and p <= floor * (1 + 1e-9):
         return f"≤ {_round_up(floor):g} (resampling floor)"
+    if p == 0:  # below the smallest double: a bound, not a zero
+        return "< 1e-300"
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"

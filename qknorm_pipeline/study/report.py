@@ -9,8 +9,8 @@ in this order:
 - Every pair of neighbours in the ranking (the family of tests) with Welch's t over the seeds'
   scores plus the test set's sampling variance (scoring/significance.py, which says why): delta,
   its 95% interval, the two-sided p and its Holm-adjusted p over the family; a one-seed system gets
-  the seed variance pooled over the others; a pair is resolved when its adjusted p is below 0.05,
-  else "not resolved".
+  the seed variance pooled over the others; a pair is resolved when its adjusted p is below 0.05
+  and a seed spread is known (no system has two seeds: none is), else "not resolved".
 - The papers' claims of the config (claims:), tested alike as a family of their own: supported,
   contradicted or not resolved.
 - Where each run's best dev BLEU fell (before its last validation, or still improving).
@@ -131,14 +131,19 @@ def pair_test(hi, lo, found, pooled):
     res = seed_t_test(hi[METRIC + "_per_seed"], lo[METRIC + "_per_seed"], pooled=pooled,
                       sentence_var=sentence_variance(a, b, n_samples=N_SAMPLES, seed=12345))
     return {"pair": [hi["system"], lo["system"]], **{k: res[k] for k in (
-        "seeds", "seed_terms", "delta", "se", "ci95", "p_two_sided", "sentence_var")},
+        "seeds", "seed_terms", "seed_spread_known", "delta", "se", "ci95", "p_two_sided", "sentence_var")},
         "df": None if math.isinf(res["df"]) else res["df"], "p_text": format_p(res["p_two_sided"])}  # None: a normal
+
+
+def unresolved(test):
+    return "not resolved" if test["seed_spread_known"] else "not resolved (no seed spread known)"
 
 
 def holm_family(tests):
     """TESTS with their Holm-adjusted p over this family, and whether each is resolved."""
     for t, adjusted in zip(tests, holm([t["p_two_sided"] for t in tests])):
-        t.update(p_holm=adjusted, p_holm_text=format_p(adjusted), resolved=adjusted < ALPHA)
+        # without any seed spread the test knows only the test set's sampling: it cannot resolve a pair
+        t.update(p_holm=adjusted, p_holm_text=format_p(adjusted), resolved=adjusted < ALPHA and t["seed_spread_known"])
     return tests
 
 
@@ -158,7 +163,7 @@ def claim_tests(cfg, rows, found, pooled):
     tests = holm_family([{**pair_test(by[c.better], by[c.worse], found, pooled), "paper": c.paper}
                          for c in cfg.claims if c.better in by and c.worse in by])
     for t in tests:
-        t["verdict"] = ("supported" if t["delta"] > 0 else "contradicted") if t["resolved"] else "not resolved"
+        t["verdict"] = ("supported" if t["delta"] > 0 else "contradicted") if t["resolved"] else unresolved(t)
     return tests
 
 
@@ -190,7 +195,7 @@ def lr_rows(cfg, found):
 def lr_conclusions(rows):
     """The rankings at each multiplier and the pairwise orderings that hold at every one."""
     multipliers = sorted({m for r in rows for m in r["by_lr"]})
-    rankings = {m: [r["system"] for r in sorted(rows, key=lambda r: -r["by_lr"][m]["test"]) if m in r["by_lr"]]
+    rankings = {m: [r["system"] for r in sorted((r for r in rows if m in r["by_lr"]), key=lambda r: -r["by_lr"][m]["test"])]
                 for m in multipliers}
     hold = []
     for i, a in enumerate(rows):
@@ -271,7 +276,7 @@ def test_text(tests, pooled, rows):
                "freedom). ")
     elif single:
         one = (f"No system has two seeds, so no seed spread is known: {', '.join(single)} are tested over test "
-               "sentences only. ")
+               "sentences only, so no pair is resolved (its p says only how sure the test set is of the delta). ")
     else:
         one = ""
     return ("Welch's t test on the difference of the seed means (qknorm_pipeline/scoring/significance.py, "
@@ -284,7 +289,8 @@ def test_text(tests, pooled, rows):
             "Chosen over a seed bootstrap, whose interval with two or three seeds has no heavier tails than a "
             "normal's. " + one +
             "Two-sided, since the ranking that names the pairs comes from the same data. The family of tests: the "
-            f"{len(tests)} pairs of neighbours in the ranking, the table's rows; p (Holm): Holm–Bonferroni adjusted "
+            f"{len(tests)} {'pair' if len(tests) == 1 else 'pairs'} of neighbours in the ranking, the table's rows; "
+            "p (Holm): Holm–Bonferroni adjusted "
             f"over that family. A pair is resolved when its adjusted p is below {ALPHA:g}; otherwise it is not resolved: the "
             "data do not separate the two systems, which is no evidence that they are equal. The 95% intervals are "
             "each pair's own, not adjusted.")
@@ -378,7 +384,7 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
               f"Ranking by mean multi-bleu-detok: {' > '.join(r['system'] for r in ranked)}.", "",
               "| pair | seeds | delta | 95% interval | df | p (two-sided) | p (Holm) | resolved |",
               "|---|---|---|---|---|---|---|---|"]
-    lines += [test_row(t, f"{t['pair'][0]} vs {t['pair'][1]}") + ("yes" if t["resolved"] else "not resolved") + " |"
+    lines += [test_row(t, f"{t['pair'][0]} vs {t['pair'][1]}") + ("yes" if t["resolved"] else unresolved(t)) + " |"
               for t in tests]
     lines += ["", test_text(tests, pooled, rows), ""]
     if claims:

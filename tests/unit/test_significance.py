@@ -208,6 +208,7 @@ def test_format_p_shows_the_floor_as_a_bound():
     assert format_p(0.0123, 1 / 1001) == "0.012"
     # no floor (a t test): small values with two significant digits, never 0 and never a bound
     assert format_p(0.0123) == "0.012" and format_p(3.21e-5) == "3.2e-05" and format_p(1e-300) == "1.0e-300"
+    assert format_p(0.0) == "< 1e-300"  # below the smallest double: a bound
 
 
 def test_holm_against_a_hand_computation():
@@ -248,6 +249,33 @@ def test_pooled_variance_and_a_one_seed_system_by_hand():
     assert res["seed_terms"] == ["pooled", "own"]
     # no pooled variance: the one-seed system's term is unknown and left out, and said so
     assert seed_t_test([9], [4, 6])["seed_terms"] == ["unknown", "own"]
+    assert seed_t_test([9], [4, 6])["seed_spread_known"] is False and res["seed_spread_known"] is True
+
+
+def test_two_one_seed_systems_count_the_pooled_degrees_of_freedom_once():
+    # pooled over [14.1, 13.5, 14.6] and [12.0, 12.9]: one estimate with 3 df serves both terms, so the
+    # difference's variance is 2 s_p^2 with 3 df (Welch-Satterthwaite on two copies would give 6)
+    sp2, df = pooled_variance([[14.1, 13.5, 14.6], [12.0, 12.9]])
+    assert df == 3
+    res = seed_t_test([15.0], [13.0], pooled=(sp2, df))
+    assert res["seed_terms"] == ["pooled", "pooled"] and res["df"] == 3
+    t = 2.0 / (2 * sp2) ** 0.5
+    assert res["p_two_sided"] == pytest.approx(2 * scipy_stats.t.sf(t, 3))
+    assert res["ci95"][1] - 2.0 == pytest.approx(scipy_stats.t.ppf(0.975, 3) * (2 * sp2) ** 0.5)
+
+
+def test_seeds_that_did_not_vary_keep_their_degrees_of_freedom():
+    # every seed the same: Welch-Satterthwaite is 0/0; the test keeps the fewest df (1), never a normal's
+    res = seed_t_test([20.0, 20.0], [19.0, 19.0, 19.0], sentence_var=0.04)
+    assert res["df"] == 1
+    assert res["p_two_sided"] == pytest.approx(2 * scipy_stats.t.sf(1.0 / 0.2, 1))
+    # one of them varied: Welch-Satterthwaite's df of the other's alone
+    assert seed_t_test([20.0, 20.0], [19.0, 19.5, 18.5])["df"] == pytest.approx(2)
+
+
+def test_holm_refuses_a_nan():
+    with pytest.raises(ValueError, match=r"holm: a p-value is NaN \(\[nan, 0.01, 0.02\]\)"):
+        holm([float("nan"), 0.01, 0.02])
 
 
 def test_the_sentence_variance_widens_without_adding_degrees_of_freedom():
@@ -262,9 +290,9 @@ def test_the_sentence_variance_widens_without_adding_degrees_of_freedom():
     half = scipy_stats.t.ppf(0.975, res["df"]) * (v1 + v2 + s) ** 0.5
     assert res["ci95"] == pytest.approx([1.75 - half, 1.75 + half])
     assert res["p_two_sided"] > scipy_stats.ttest_ind(a, b, equal_var=False).pvalue
-    # seeds that agree exactly: only the test set's variance, a normal interval
+    # seeds that agree exactly: only the test set's variance, but two seeds' degrees of freedom, not a normal's
     only = seed_t_test([2.0, 2.0], [1.0, 1.0], sentence_var=0.25)
-    assert only["df"] == float("inf") and only["ci95"] == pytest.approx([1 - 1.959964 * 0.5, 1 + 1.959964 * 0.5])
+    assert only["df"] == 1 and only["ci95"] == pytest.approx([1 - 12.706205 * 0.5, 1 + 12.706205 * 0.5])
 
 
 def test_the_t_interval_covers_with_two_seeds_where_a_normal_one_does_not():

@@ -390,6 +390,10 @@ def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
     assert test["p_two_sided"] == pytest.approx(2 * scipy_stats.norm.sf(abs(z)), rel=1e-6)
     assert "| qknorm vs postnorm | 1 vs 1 |" in text and " | ∞ | " in text
     assert "No system has two seeds, so no seed spread is known: postnorm, qknorm are tested over test sentences only" in text
+    # however small its p, the test set alone resolves no pair: the seeds' spread is unknown
+    assert test["resolved"] is False and test["seed_spread_known"] is False
+    assert text.count("| not resolved (no seed spread known) |") == 1 and "| yes |" not in text
+    assert "the 1 pair of neighbours" in text
 
 
 def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
@@ -481,6 +485,11 @@ def test_lr_conclusions_keep_only_orderings_that_hold_at_both():
     assert rankings == {1.0: ["a", "b", "c", "d"], 2.0: ["b", "a", "c", "d"]}
     # a and b swap; c and d tie at both: no ordering between them
     assert hold == [("a", "c"), ("a", "d"), ("b", "c"), ("b", "d")]
+    # a grid not yet complete (an interim report): a system without a rate is left out of its ranking
+    del rows[0]["by_lr"][2.0]
+    rankings, hold = report.lr_conclusions(rows)
+    assert rankings == {1.0: ["a", "b", "c", "d"], 2.0: ["b", "c", "d"]}
+    assert ("a", "c") in hold and ("b", "c") in hold
 
 
 def test_a_bf16_study_on_a_cpu_without_bf16_stops_before_any_work_naming_its_config(monkeypatch, capsys, tmp_path):
