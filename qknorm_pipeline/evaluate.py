@@ -7,7 +7,7 @@ usage: bash scripts/evaluate.sh [--verbose] [--checkpoint best|last] PAIR SYSTEM
            prepared with scripts/prepare.sh --src-dir
   SYSTEM   a trained run: $CKPT_DIR/PAIR/SYSTEM/checkpoint_best.pt (scripts/train.sh PAIR SYSTEM)
 Extra flags go to fairseq-generate and win over the recipe, e.g. --beam 8, or --decode-precision
-bf16 (decoding under CUDA autocast on a GPU).
+bf16 (decoding under CUDA autocast on a GPU, or on a CPU with native bf16).
 
 Decodes $DATA_BIN/PAIR (test split) with the pair's decoding recipe (beam 4, max length = source
 length + 50, BPE or SentencePiece undone as $DATA_BIN/PAIR/stats.json says, the papers' length
