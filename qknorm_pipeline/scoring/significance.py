@@ -239,13 +239,12 @@ def seed_t_test(sys_scores, base_scores, sentence_var=0.0, pooled=None):
     delta = float(np.mean(sys_scores) - np.mean(base_scores))
     seeds = terms[0][0] + terms[1][0]
     denominator = sum(v * v / df for v, df, _ in terms)
-    finite = [df for _, df, _ in terms if not math.isinf(df)]
     if [src for _, _, src in terms] == ["pooled", "pooled"]:
         df = pooled[1]  # one estimate serves both terms: its degrees of freedom count once
     elif denominator:
         df = seeds * seeds / denominator
     else:  # no seed varied: Welch-Satterthwaite is 0/0; the fewest degrees of freedom, never a normal's
-        df = min(finite) if finite else math.inf
+        df = min(df for _, df, _ in terms)  # inf only when neither spread is known
     se = math.sqrt(seeds + sentence_var)
     if se == 0:
         t = 0.0 if delta == 0 else math.copysign(math.inf, delta)
