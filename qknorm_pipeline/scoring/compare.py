@@ -43,6 +43,7 @@ from .score import METRICS, score_runs
 from .significance import bootstrap_floor, format_p, holm, paired_bootstrap, pooled_variance, seed_t_test, sentence_variance
 
 ALL_METRICS = METRICS + ("sacrebleu_treebank",)
+ALPHA = 0.01  # * marks a row whose Holm-adjusted p is below this
 SHOWN = ("multi_bleu", "multi_bleu_detok", "sacrebleu_treebank")  # sacrebleu: multi_bleu_detok's twin
 DEFAULT_PUBLISHED = os.path.join(ROOT, "results", "published.csv")
 # Baseline preference when none is named: TwT's baseline, then QKNorm's (Nguyen & Salazar).
@@ -212,8 +213,8 @@ def add_holm(rows, floor):
     FLOOR: the bootstrap's; a p at it is a bound, and so is an adjusted p up to m times it."""
     tested = [r for r in rows if r["p_value"] is not None]
     for r, adjusted in zip(tested, holm([r["p_value"] for r in tested])):
-        r.update(p_text=format_p(r["p_value"], floor), p_holm=adjusted, significant=adjusted < 0.01,
-                 p_holm_text=format_p(adjusted, floor and min(1.0, len(tested) * floor)))
+        r.update(p_text=format_p(r["p_value"], floor, ALPHA), p_holm=adjusted, significant=adjusted < ALPHA,
+                 p_holm_text=format_p(adjusted, floor and min(1.0, len(tested) * floor), ALPHA))
 
 
 def beside_published(row, published):
@@ -293,7 +294,7 @@ def to_markdown(table):
                 f"seed {table['seed']}; two-sided; its resampling floor is 2/{table['n_samples'] + 1:,})")
     test += (f". The family of tests: {', '.join(tested)}, each against {table['baseline']} ({len(tested)}); p (Holm): "
              "Holm-Bonferroni adjusted over it (≤: a bound, at most the number of tests times the floor); "
-             "* = adjusted p < 0.01")
+             f"* = adjusted p < {ALPHA:g}")
     treebank = ("the QKNorm Table 3 procedure: Treebank on the Moses-escaped text" if table["treebank_detok"] ==
                 "treebank" else "Treebank after undoing the Moses escapes")
     lines += ["", f"Baseline: {table['baseline']}. {test[0].upper() + test[1:]}. "

@@ -278,12 +278,19 @@ def _round_up(x):
     return math.ceil(x / 10**e - 1e-9) * 10**e
 
 
-def format_p(p, floor=None):
+def format_p(p, floor=None, alpha=None):
     """A p-value as text. FLOOR: the smallest p its resamples can give (``bootstrap_floor``); a p at
     it is a bound, '≤ 0.002 (resampling floor)' for 1,000 samples. Otherwise three
-    decimals, or two significant digits below 0.001 (a t test's p has no floor)."""
+    decimals, or two significant digits below 0.001 (a t test's p has no floor). ALPHA: the level
+    the p is judged against; a p on one side of it keeps the digits that show which (0.04999,
+    not 0.050)."""
     if floor is not None and p <= floor * (1 + 1e-9):
         return f"≤ {_round_up(floor):g} (resampling floor)"
     if p == 0:  # below the smallest double: a bound, not a zero
         return "< 1e-300"
-    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+    if p < 0.001:
+        return f"{p:.1e}"
+    digits = 3
+    while alpha is not None and digits < 12 and (float(f"{p:.{digits}f}") < alpha) != (p < alpha):
+        digits += 1
+    return f"{p:.{digits}f}"

@@ -98,6 +98,14 @@ def seeds_of(found, system):
     return {v["run"].seed: v for v in found.values() if v["run"].system == system and v["main"]}
 
 
+def ranking_text(systems, score):
+    """SYSTEMS in their order, '>' between neighbours, '=' where their scores print alike (2 decimals)."""
+    text = systems[0]
+    for a, b in zip(systems, systems[1:]):
+        text += f" {'=' if f'{score(a):.2f}' == f'{score(b):.2f}' else '>'} {b}"
+    return text
+
+
 def rate_text(cfg, rate):
     return f"{rate:g}" if cfg.lr_grid else f"{rate:g}×"
 
@@ -132,7 +140,7 @@ def pair_test(hi, lo, found, pooled):
                       sentence_var=sentence_variance(a, b, n_samples=N_SAMPLES, seed=12345))
     return {"pair": [hi["system"], lo["system"]], **{k: res[k] for k in (
         "seeds", "seed_terms", "seed_spread_known", "delta", "se", "ci95", "p_two_sided", "sentence_var")},
-        "df": None if math.isinf(res["df"]) else res["df"], "p_text": format_p(res["p_two_sided"])}  # None: a normal
+        "df": None if math.isinf(res["df"]) else res["df"], "p_text": format_p(res["p_two_sided"], alpha=ALPHA)}  # None: a normal
 
 
 def unresolved(test):
@@ -143,7 +151,7 @@ def holm_family(tests):
     """TESTS with their Holm-adjusted p over this family, and whether each is resolved."""
     for t, adjusted in zip(tests, holm([t["p_two_sided"] for t in tests])):
         # without any seed spread the test knows only the test set's sampling: it cannot resolve a pair
-        t.update(p_holm=adjusted, p_holm_text=format_p(adjusted), resolved=adjusted < ALPHA and t["seed_spread_known"])
+        t.update(p_holm=adjusted, p_holm_text=format_p(adjusted, alpha=ALPHA), resolved=adjusted < ALPHA and t["seed_spread_known"])
     return tests
 
 
@@ -296,6 +304,10 @@ def test_text(tests, pooled, rows):
             "each pair's own, not adjusted.")
 
 
+TEST_BLEU_LR = "![Test BLEU (seed 1) against the learning rate; a star at the rate each system is compared at](test_bleu_lr.png)"
+DEV_BLEU = "![Every run's dev BLEU against updates and against wall time](dev_bleu.png)"
+
+
 def lr_section(cfg, lrs, rankings, hold, peak_lr):
     mults = sorted({mm for r in lrs for mm in r["by_lr"]})
     lines = ["## Each system at every learning rate of the grid (seed 1)" if cfg.lr_grid else
@@ -312,10 +324,11 @@ def lr_section(cfg, lrs, rankings, hold, peak_lr):
     else:
         about = (f"Our systems' peak is {peak_lr:.3g} at 1×; the stock rows' is fairseq's IWSLT recipe's "
                  f"({cfg.config}), each times the same multiple.")
-    lines += ["", about + " One seed per cell: a difference here is not tested against seed variance. Plots: "
-              "test_bleu_lr.png (test BLEU against the learning rate, a star at the rate each system is compared "
-              "at), dev_bleu.png (every run's dev BLEU against updates and wall time).", ""]
-    lines += [f"- Ranking at {rate_text(cfg, mm)}: {' > '.join(rk)}" for mm, rk in rankings.items()]
+    lines += ["", about + " One seed per cell: a difference here is not tested against seed variance.", "",
+              TEST_BLEU_LR, "", DEV_BLEU, ""]
+    by = {r["system"]: r["by_lr"] for r in lrs}
+    lines += [f"- Ranking at {rate_text(cfg, mm)}: {ranking_text(rk, lambda s, mm=mm: by[s][mm]['test'])}"
+              for mm, rk in rankings.items()]
     lines += [f"- Orderings that hold at every learning rate: {', '.join(f'{a} > {b}' for a, b in hold) or 'none'}", ""]
     return lines
 
@@ -342,11 +355,12 @@ def claims_section(cfg, claims, n):
     return lines
 
 
-def plateau_section(plateau):
+def plateau_section(plateau, curves):
     before = sum(r["before_last"] for r in plateau)
     lines = ["## Where each run's best dev BLEU fell", "",
              f"{before} of {len(plateau)} runs reached their best dev BLEU before their last validation; the others "
-             "were still improving when the budget ended.", "",
+             "were still improving when the budget ended." + (" Their curves:" if curves else ""), "",
+             *([DEV_BLEU, ""] if curves else []),
              "| run | best dev BLEU | first at update | last validation | before the last |", "|---|---|---|---|---|"]
     lines += [f"| {r['run']} | {r['best_dev']:.2f} | {r['at']} | {r['last']} | {'yes' if r['before_last'] else 'no'} |"
               for r in plateau]
@@ -369,19 +383,23 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
                                     "the recipes' learning rates"), "",
               "| system | seeds | multi-bleu | multi-bleu-detok | last checkpoint (detok) | best dev BLEU |",
               "|---|---|---|---|---|---|"]
+    mean = {r["system"]: r[METRIC][0] for r in rows}.get
     for r in rows:
         last = (fmt_mean_sd(*r["last"]) if r["last"] else "n/a") + per_seed(r["last_per_seed"])
+        # a one-seed row's tested metric shows the pooled sd its tests use
+        tested = (f"{fmt_mean_sd(r[METRIC][0], pooled[0] ** 0.5)} (pooled sd)" if len(r["seeds"]) == 1 and pooled
+                  else fmt_mean_sd(*r[METRIC]) + per_seed(r[METRIC + "_per_seed"]))
         lines.append(f"| {r['system']} | {len(r['seeds'])} | {fmt_mean_sd(*r['multi_bleu'])}"
-                     f"{per_seed(r['multi_bleu_per_seed'])} | {fmt_mean_sd(*r[METRIC])}{per_seed(r[METRIC + '_per_seed'])}"
-                     f" | {last} | {fmt_mean_sd(*r['best_dev'])} |")
-    lines += ["", "Mean over seeds ± sample standard deviation, each seed's value in brackets. multi-bleu: "
+                     f"{per_seed(r['multi_bleu_per_seed'])} | {tested} | {last} | {fmt_mean_sd(*r['best_dev'])} |")
+    lines += ["", "Mean over seeds ± sample standard deviation, each seed's value in brackets (a system with one seed: "
+              "its multi-bleu-detok ± the seed standard deviation pooled over the others, which its tests use). multi-bleu: "
               "multi-bleu.perl on the tokenized text; multi-bleu-detok: multi-bleu-detok.perl after Moses "
               f"detokenization, which is SacreBLEU ({signature}). The test columns decode checkpoint_best.pt, the "
               "checkpoint with the best greedy dev BLEU; 'last checkpoint' decodes checkpoint_last.pt alike (where "
               "the last validation was the best one they are the same checkpoint; n/a: a run recorded before "
               "the study kept its last checkpoint's output, whose best one came earlier).", "",
               "## Which differences the design resolves", "",
-              f"Ranking by mean multi-bleu-detok: {' > '.join(r['system'] for r in ranked)}.", "",
+              f"Ranking by mean multi-bleu-detok: {ranking_text([r['system'] for r in ranked], mean)}.", "",
               "| pair | seeds | delta | 95% interval | df | p (two-sided) | p (Holm) | resolved |",
               "|---|---|---|---|---|---|---|---|"]
     lines += [test_row(t, f"{t['pair'][0]} vs {t['pair'][1]}") + ("yes" if t["resolved"] else unresolved(t)) + " |"
@@ -389,7 +407,7 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
     lines += ["", test_text(tests, pooled, rows), ""]
     if claims:
         lines += claims_section(cfg, claims, n)
-    lines += plateau_section(plateau)
+    lines += plateau_section(plateau, curves=not lrs)  # else in the LR section
     lines += ["## Training wall time", "", "| system | updates per seed | wall time per run, min | updates/s |",
               "|---|---|---|---|"]
     for r in rows:

@@ -242,3 +242,9 @@ def test_a_table_that_cannot_be_rendered_leaves_the_old_files_whole(tmp_path, mo
     with pytest.raises(ValueError, match="cannot render"):
         compare.write(table, str(res))
     assert {ext: (res / "en-vi" / f"compare{ext}").read_text() for ext in before} == before
+
+
+def test_an_adjusted_p_just_below_the_level_keeps_the_digits_that_show_it():
+    rows = [{"p_value": 0.00999}, {"p_value": None}]
+    compare.add_holm(rows, None)
+    assert rows[0]["significant"] is True and rows[0]["p_holm_text"] == "0.00999" and rows[0]["p_text"] == "0.00999"

@@ -209,6 +209,11 @@ def test_format_p_shows_the_floor_as_a_bound():
     # no floor (a t test): small values with two significant digits, never 0 and never a bound
     assert format_p(0.0123) == "0.012" and format_p(3.21e-5) == "3.2e-05" and format_p(1e-300) == "1.0e-300"
     assert format_p(0.0) == "< 1e-300"  # below the smallest double: a bound
+    # judged against a level: a p just below it keeps the digits that show it, one at or above prints as before
+    assert format_p(0.04999) == "0.050" and format_p(0.04999, alpha=0.05) == "0.04999"
+    assert format_p(0.0499996, alpha=0.05) == "0.0499996" and format_p(0.00996, alpha=0.01) == "0.00996"
+    assert format_p(0.05, alpha=0.05) == "0.050" and format_p(0.05004, alpha=0.05) == "0.050"
+    assert format_p(0.0123, alpha=0.05) == "0.012" and format_p(4e-4, alpha=0.05) == "4.0e-04"
 
 
 def test_holm_against_a_hand_computation():

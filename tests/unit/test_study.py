@@ -368,6 +368,12 @@ def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tm
     small, large = sorted(t["p_two_sided"] for t in (first, second))
     assert sorted(t["p_holm"] for t in (first, second)) == pytest.approx([min(1, 2 * small), min(1, max(2 * small, large))])
     assert "| prenorm vs postnorm | 1 (pooled sd) vs 2 |" in text
+    # the one-seed row shows the pooled sd its tests use beside its score
+    rows = {r["system"]: r for r in result["systems"]}
+    assert f" | {rows['prenorm']['multi_bleu_detok'][0]:.2f} ± {pooled ** 0.5:.2f} (pooled sd) | " in text
+    # no LR section: the dev curves are shown with the plateau table
+    assert text.count("](dev_bleu.png)") == 1 and "(test_bleu_lr.png)" not in text
+    assert text.index("## Where each run's best dev BLEU fell") < text.index("](dev_bleu.png)")
     assert f"its seed term is the seed standard deviation pooled over the other systems, {pooled ** 0.5:.2f} (2 " in text
     assert "The family of tests: the 2 pairs of neighbours in the ranking" in text
     for test in (first, second):
@@ -427,6 +433,10 @@ def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
         < text.index("## Which differences") < text.index("## Where each run's best dev BLEU fell")
     with open(os.path.join(where.results, "test_bleu_lr.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # both plots are shown in the LR section, once each
+    lr_part = text[text.index("## Each system at every learning rate"):text.index("## Test BLEU at each system's best")]
+    assert lr_part.count("](test_bleu_lr.png)") == text.count("](test_bleu_lr.png)") == 1
+    assert lr_part.count("](dev_bleu.png)") == text.count("](dev_bleu.png)") == 1
     # qknorm_lr2e-3 peaked at its first validation (update 10); every other run at its last (20)
     assert "1 of 6 runs reached their best dev BLEU before their last validation" in text
     assert "| qknorm_lr2e-3 | 2.00 | 10 | 20 | yes |" in text and "| qknorm_lr1e-3 | 4.00 | 20 | 20 | no |" in text
@@ -476,6 +486,17 @@ def test_report_names_a_missing_record(tmp_path):
     chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=1, multipliers=False)
     with pytest.raises(StudyError, match=r"no record of qknorm in .*runs/gl-en/: finish them first"):
         report.write(cfg, chosen, where, records_dir)
+
+
+def test_a_ranking_shows_scores_that_print_alike_as_equal():
+    score = {"a": 10.004, "b": 9.996, "c": 9.0, "d": 8.999}.get
+    assert report.ranking_text(["a", "b", "c", "d"], score) == "a = b > c = d"
+    assert report.ranking_text(["c"], score) == "c"
+
+
+def test_holm_family_prints_an_adjusted_p_just_below_alpha_with_the_digits_that_show_it():
+    (t,) = report.holm_family([{"p_two_sided": 0.04999, "seed_spread_known": True}])
+    assert t["resolved"] is True and t["p_holm_text"] == "0.04999"
 
 
 def test_lr_conclusions_keep_only_orderings_that_hold_at_both():
