@@ -15,7 +15,10 @@ Steps, each resumable (the study spans sessions; re-run the same command to go o
      $DATA_BIN/NAME (skipped when done)
   2. every run (qknorm_pipeline/study/runs.py): trained, its best-dev and last checkpoints decoded,
      its record written to $RESULTS_DIR/NAME/runs/PAIR/RUN/ (kept in git)
-  3. the report from the records: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png
+  3. the report from the records: $RESULTS_DIR/NAME/study.md, study.json, dev_bleu.png (and
+     test_bleu_lr.png), of every recorded run of the chosen systems and seeds (--runs narrows the
+     training only; --report-only --runs the report); it says which of the study's runs it lacks, and
+     its Command: line is the --report-only command that rebuilds it
 Runs: checkpoints $CKPT_DIR/NAME/PAIR/RUN, log $LOG_DIR/NAME/PAIR/RUN/train.log, test outputs
 $RESULTS_DIR/NAME/PAIR/RUN (RUN = SYSTEM for seed 1, SYSTEM_seedK for seed K, SYSTEM_lrMx for
 seed 1 at M times the peak learning rate; with a grid SYSTEM_lrL for seed 1 at peak L, e.g.
@@ -60,7 +63,8 @@ def parser():
     p.add_argument("--systems", help='a subset of the config\'s systems, "a b" (ours and its stock rows)')
     p.add_argument("--seeds", type=int, help="seeds 1..N of every chosen system (default: each system's seeds)")
     p.add_argument("--runs", help='only these runs of the chosen systems and seeds, "RUN1 RUN2" (e.g. qknorm_seed3 '
-                                  "postnorm_lr2x)")
+                                  "postnorm_lr2x): train only these (the report then holds every recorded run), or "
+                                  "with --report-only report only these")
     p.add_argument("--max-update", type=int, help="a smaller budget for a smoke run; its runs and results go to "
                                                   "folders named NAME-uN, apart from the study's")
     p.add_argument("--report-only", action="store_true",
@@ -76,23 +80,33 @@ def parser():
     return p
 
 
-def select(cfg, a, records_dir):
-    """The runs asked for, and {system: [seeds]} of those that wait for the system's grid."""
+def select(cfg, a, records_dir, names=None):
+    """The runs of the chosen systems and seeds, or of those only NAMES ("RUN1 RUN2", --runs), and
+    {system: [seeds]} of those that wait for the system's grid."""
     systems = a.systems.split() if a.systems else None
     best = records.best_rates(cfg, records_dir)
     chosen = config.runs(cfg, systems, a.seeds, best=best)
     waiting = config.waiting(cfg, systems, a.seeds, best)
-    if a.runs:
-        unknown = [r for r in a.runs.split() if r not in {c.name for c in chosen}]
+    if names:
+        unknown = [r for r in names.split() if r not in {c.name for c in chosen}]
         if unknown:
             later = f"; not named yet: the best-rate runs of {', '.join(waiting)}" if waiting else ""
             raise UsageError(f"--runs: {' '.join(unknown)} not among the study's runs ({' '.join(c.name for c in chosen)})"
                              + later)
-        chosen, waiting = [c for c in chosen if c.name in a.runs.split()], {}
+        chosen, waiting = [c for c in chosen if c.name in names.split()], {}
     return chosen, waiting
 
 
-def run(a, invocation):
+def rebuild_command(a, cfg, records_dir, reported):
+    """The --report-only command that rebuilds a report of the runs REPORTED (its Command: line)."""
+    words = ["bash", "scripts/study.sh"] + (["--config", a.config] if a.config != config.DEFAULT else [])
+    words += (["--max-update", str(a.max_update)] if a.max_update else []) + ["--report-only"]
+    everything = [r.name for r in config.runs(cfg, best=records.best_rates(cfg, records_dir))]
+    names = [r.name for r in reported]
+    return shlex.join(words + ([] if names == everything else ["--runs", " ".join(names)]))
+
+
+def run(a):
     if a.verbose:
         os.environ["VERBOSE"] = "1"
     for flag, value in (("--seeds", a.seeds), ("--max-update", a.max_update)):
@@ -102,7 +116,7 @@ def run(a, invocation):
     name = cfg.name + (f"-u{a.max_update}" if a.max_update else "")
     where = folders().under(name)
     records_dir = os.path.join(where.results, "runs", cfg.pair)
-    chosen, waiting = select(cfg, a, records_dir)
+    chosen, waiting = select(cfg, a, records_dir, a.runs)
     if not a.report_only and not train_step.has_gpu():
         where_to = "on a GPU" + (" or on a CPU that has them" if cfg.precision == "bf16" else "")
         try:
@@ -118,21 +132,21 @@ def run(a, invocation):
         runs.train_all(cfg, chosen, where, records_dir, a.max_update, a.dry_run, waiting)
         if waiting and not a.dry_run:  # the grid's records now name each system's best rate
             known = {c.name for c in chosen}
-            chosen, waiting = select(cfg, a, records_dir)
+            chosen, waiting = select(cfg, a, records_dir, a.runs)
             named = [c for c in chosen if c.name not in known]
             if named:
                 runs.train_all(cfg, named, where, records_dir, a.max_update, waiting=waiting)
     if a.dry_run:
         return
-    md = report.write(cfg, chosen, where, records_dir, a.max_update, invocation)
+    if not a.report_only:  # the report: every recorded run of the chosen systems and seeds, not only this call's
+        chosen = [c for c in select(cfg, a, records_dir)[0] if records.recorded(records_dir, c.name)]
+    md = report.write(cfg, chosen, where, records_dir, a.max_update, rebuild_command(a, cfg, records_dir, chosen))
     with open(md, encoding="utf-8") as f:
         print(f.read())
 
 
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    invocation = shlex.join(["bash", "scripts/study.sh", *argv])
-    return run_main(lambda a: run(a, invocation), parser(), argv)
+    return run_main(run, parser(), argv)
 
 
 if __name__ == "__main__":

@@ -124,13 +124,18 @@ def read_run(path):
             "curve": [points[u] for u in sorted(points)], "commands": commands}
 
 
+def recorded(records_dir, run):
+    """Whether the run named RUN has a finished record (its command.txt is written last)."""
+    return os.path.isfile(os.path.join(records_dir, run, "command.txt"))
+
+
 def best_rates(cfg, records_dir):
     """{system: its best LR of the grid} of an lr_grid study, for every system whose seed-1 runs at
     each LR of the grid are recorded (config.best_rate: the best dev BLEU of the run)."""
     out = {}
     for system in all_systems(cfg):
-        dirs = {lr: os.path.join(records_dir, run_name(system, 1, lr=lr)) for lr in cfg.lr_grid}
-        if cfg.lr_grid and all(os.path.isfile(os.path.join(d, "command.txt")) for d in dirs.values()):
-            curves = {lr: read_run(os.path.join(d, "train.log"))["curve"] for lr, d in dirs.items()}
+        names = {lr: run_name(system, 1, lr=lr) for lr in cfg.lr_grid}
+        if cfg.lr_grid and all(recorded(records_dir, name) for name in names.values()):
+            curves = {lr: read_run(os.path.join(records_dir, name, "train.log"))["curve"] for lr, name in names.items()}
             out[system] = best_rate({lr: max((v["bleu"] for v in c), default=float("-inf")) for lr, c in curves.items()})
     return out

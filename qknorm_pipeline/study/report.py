@@ -29,7 +29,7 @@ from ..scoring.score import score_runs
 from ..scoring.significance import format_p, holm, pooled_variance, seed_t_test, sentence_variance
 from . import config, corpus
 from .config import StudyError
-from .records import read_run
+from .records import best_rates, read_run, recorded
 
 METRIC = "multi_bleu_detok"
 N_SAMPLES = 10000  # test-set resamples of the sentence term
@@ -57,7 +57,7 @@ def _score(ref, hyps, detok, lang):
 
 def collect(cfg, chosen, records_dir, ref, rec):
     """Per run: its record's scores (best and last checkpoint), per-sentence statistics, log."""
-    missing = [r.name for r in chosen if not os.path.isfile(os.path.join(records_dir, r.name, "command.txt"))]
+    missing = [r.name for r in chosen if not recorded(records_dir, r.name)]
     if missing:
         raise StudyError(f"no record of {', '.join(missing)} in {shareable(records_dir)}/: finish them first "
                          "(bash scripts/study.sh), or report fewer systems or seeds (--systems, --seeds)")
@@ -80,6 +80,28 @@ def collect(cfg, chosen, records_dir, ref, rec):
                                                                           else None),
                        "last_source": "decoded" if last_value is not None else ("best" if best_is_last else None)}
     return out
+
+
+def coverage(cfg, found, records_dir):
+    """What share of the study's runs the report holds: (the study's number of runs, the names of
+    those not in the report, {system: [seeds]} of those not yet named, config.waiting)."""
+    best = best_rates(cfg, records_dir)
+    waiting = config.waiting(cfg, best=best)
+    planned = [r.name for r in config.runs(cfg, best=best)]
+    return len(planned) + sum(map(len, waiting.values())), [n for n in planned if n not in found], waiting
+
+
+def coverage_text(total, missing, waiting, reported):
+    if not missing and not waiting:
+        return f"Runs: all {total} of the study's."
+    later = {}
+    for system, seeds in waiting.items():
+        later.setdefault(tuple(seeds), []).append(system)
+    unnamed = [f"seed{'s' if len(k) > 1 else ''} {', '.join(map(str, k))} of {', '.join(s)} at each one's best rate of "
+               "the grid (named once its grid runs are recorded; until then its best rate, and what follows from it "
+               "here, can change)" for k, s in later.items()]
+    parts = ([", ".join(missing)] if missing else []) + unnamed
+    return f"Runs: {reported} of the study's {total}; not in this report: {'; '.join(parts)}."
 
 
 def main_rates(cfg, found):
@@ -368,7 +390,7 @@ def plateau_section(plateau, curves):
 
 
 def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plateau, found, n, warmup, interval,
-             command, signature, peak_lr):
+             command, signature, peak_lr, runs_text):
     m = cfg.model
     lines = [f"# {cfg.name}: TED gl→en, {len(rows)} systems", "",
              f"Command: `{command}`  ", f"Machine: {machine()}  ",
@@ -376,7 +398,7 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
              f"Settings: {cfg.config}; d = {m.embed_dim}, {m.layers}+{m.layers} layers, {m.heads} heads, ffn "
              f"{m.ffn_dim}; {n} updates of at most 4,096 tokens in {cfg.precision}; warmup {warmup}; greedy dev BLEU every {interval} "
              f"updates picks checkpoint_best.pt; test: beam 4, GNMT α 0.6, the TwT search, for every system. Data: "
-             f"{corpus.describe(cfg)} (its own split, not the papers').", ""]
+             f"{corpus.describe(cfg)} (its own split, not the papers').  ", runs_text, ""]
     if lrs:
         lines += lr_section(cfg, lrs, rankings, hold, peak_lr)
     lines += ["## Test BLEU at " + ("each system's best learning rate of the grid" if cfg.lr_grid else
@@ -441,15 +463,17 @@ def write(cfg, chosen, where, records_dir, max_update=None, command=None):
     plateau = plateau_rows(found)
     n, warmup, interval = config.budget(cfg, max_update)
     signature = next(iter(found.values()))["test"]["sacrebleu_signature"]
+    total, missing, waiting = coverage(cfg, found, records_dir)
     out = where.results
     plot(found, os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
     if lrs:
         lr_plot(cfg, lrs, main, os.path.join(out, "test_bleu_lr.png"), f"{cfg.name}: test BLEU, {n} updates")
     text = markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plateau, found, n, warmup, interval,
-                    command, signature, config.peak(cfg, rec))
+                    command, signature, config.peak(cfg, rec), coverage_text(total, missing, waiting, len(found)))
     result = {"name": cfg.name, "max_update": n, "warmup_updates": warmup, "validate_every": interval,
               "machine": machine(), "command": command, "metric": METRIC, "sacrebleu_signature": signature,
-              "precision": cfg.precision, "systems": rows, "neighbours": tests,
+              "precision": cfg.precision, "runs_in_study": total, "not_in_report": missing,
+              "not_named_yet": waiting, "systems": rows, "neighbours": tests,
               "family": "pairs of neighbours in the ranking", "alpha": ALPHA,
               "pooled_seed_sd": None if pooled is None else [pooled[0] ** 0.5, pooled[1]],
               "lr": lrs, "rankings": {f"{k:g}": v for k, v in rankings.items()}, "hold_at_every_lr": hold,

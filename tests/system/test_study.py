@@ -3,6 +3,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 
@@ -46,6 +47,11 @@ def test_study_smoke_run(tmp_path):
     text = (out / "study.md").read_text()
     for system in ("postnorm", "qknorm", "fairseq_transformer"):
         assert f"| {system} | " in text
+    # the command that rebuilds this report, and what it lacks of the study (14 runs: 6 systems, 2 or 3 seeds)
+    rebuild = (f"bash scripts/study.sh --config {shlex.quote(str(config))} --max-update 20 --report-only "
+               "--runs 'postnorm qknorm fairseq_transformer'")
+    assert f"Command: `{rebuild}`" in text
+    assert "\nRuns: 3 of the study's 14; not in this report: prenorm, scalenorm, fairseq_prenorm, postnorm_seed2, " in text
     with open(out / "dev_bleu.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     res = json.loads((out / "study.json").read_text())
@@ -57,6 +63,15 @@ def test_study_smoke_run(tmp_path):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count(": finished, record ") == 3 and "training gl-en/" not in again.stderr
+    # a call that trains one run (--runs) reports every recorded run, not that one only
+    one = subprocess.run(cmd + ["--runs", "qknorm"], env=env, capture_output=True, text=True)
+    assert one.returncode == 0 and one.stderr.count(": finished, record ") == 1, one.stderr[-3000:]
+    assert f"Command: `{rebuild}`" in (out / "study.md").read_text() and "| postnorm | " in (out / "study.md").read_text()
+    # the report's own command rebuilds it
+    rebuilt = subprocess.run(shlex.split(rebuild.replace("scripts/", REPO + "/scripts/", 1)), env=env,
+                             capture_output=True, text=True)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert (out / "study.md").read_text().split("## Test BLEU")[1] == text.split("## Test BLEU")[1]
     # a fresh clone: checkpoints, logs, data and test outputs gone, only the committed records left
     records = out / "runs" / "gl-en"
     assert sorted(p.name for p in records.iterdir() if p.is_dir()) == ["fairseq_transformer", "postnorm", "qknorm"]

@@ -385,6 +385,11 @@ def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tm
 def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
     cfg = config.load(CONFIG)
     cfg.lr_multipliers = []
+    # a study of these two runs only: the report holds all of it
+    cfg.systems = {s: cfg.systems[s] for s in ("postnorm", "qknorm")}
+    cfg.stock.rows = {}
+    for s in cfg.systems.values():
+        s.seeds = 1
     where, records_dir, refs, hyps = _records(tmp_path, {"postnorm": (600, [1.0, 2.0], 0.5),
                                                          "qknorm": (660, [2.0, 3.0], 0.3)})
     chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=1)
@@ -400,6 +405,7 @@ def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
     assert test["resolved"] is False and test["seed_spread_known"] is False
     assert text.count("| not resolved (no seed spread known) |") == 1 and "| yes |" not in text
     assert "the 1 pair of neighbours" in text
+    assert "\nRuns: all 2 of the study's.\n" in text
 
 
 def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
@@ -443,6 +449,14 @@ def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
     assert {r["run"]: r["before_last"] for r in result["plateau"]}["qknorm_lr2e-3"] is True
     # the config's claims name systems this report has not: no claims section
     assert "## What the data say" not in text and result["claims"] == []
+    # what the report lacks of the study: 6 systems x 2 rates, then seeds 2 and 3 of each at its best rate
+    assert result["runs_in_study"] == 6 * 2 + 6 * 2
+    assert result["not_named_yet"] == {s: [2, 3] for s in ("prenorm", "scalenorm", "fairseq_transformer", "fairseq_prenorm")}
+    assert ("\nRuns: 6 of the study's 24; not in this report: prenorm_lr1e-3, scalenorm_lr1e-3, fairseq_transformer_lr1e-3, "
+            "fairseq_prenorm_lr1e-3, prenorm_lr2e-3, scalenorm_lr2e-3, fairseq_transformer_lr2e-3, fairseq_prenorm_lr2e-3, "
+            "postnorm_lr2e-3_seed3, qknorm_lr1e-3_seed3; seeds 2, 3 of prenorm, scalenorm, fairseq_transformer, "
+            "fairseq_prenorm at each one's best rate of the grid (named once its grid runs are recorded; until then its "
+            "best rate, and what follows from it here, can change).\n") in text
 
 
 def test_report_tests_the_papers_claims_as_a_holm_family(tmp_path):
@@ -486,6 +500,17 @@ def test_report_names_a_missing_record(tmp_path):
     chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=1, multipliers=False)
     with pytest.raises(StudyError, match=r"no record of qknorm in .*runs/gl-en/: finish them first"):
         report.write(cfg, chosen, where, records_dir)
+
+
+def test_the_reports_command_is_the_report_only_command_that_rebuilds_it(tmp_path):
+    from qknorm_pipeline.study.__main__ import parser, rebuild_command
+
+    cfg = config.load(CONFIG)
+    everything = config.runs(cfg)
+    assert rebuild_command(parser().parse_args([]), cfg, str(tmp_path), everything) == "bash scripts/study.sh --report-only"
+    a = parser().parse_args(["--config", "my study.yaml", "--max-update", "20", "--runs", "qknorm", "--source-dir", "x"])
+    assert rebuild_command(a, cfg, str(tmp_path), everything[:2]) == (
+        "bash scripts/study.sh --config 'my study.yaml' --max-update 20 --report-only --runs 'postnorm prenorm'")
 
 
 def test_a_ranking_shows_scores_that_print_alike_as_equal():
