@@ -239,12 +239,17 @@ def lr_conclusions(rows):
     return rankings, hold
 
 
-def plot(found, out, title):
+def colour(plt, systems, system):
+    """One colour per system of the study, the same in every plot."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return cycle[systems.index(system) % len(cycle)]
+
+
+def plot(found, systems, out, title):
+    """Every run's dev BLEU against updates and wall time, coloured by system (SYSTEMS: the study's)."""
     from ..plots import _save, plt  # matplotlib with the Agg backend
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    systems = list(dict.fromkeys(v["run"].system for v in found.values()))
     for v in found.values():
         r, curve = v["run"], v["log"]["curve"]
         style = ["-", ":", "-.", (0, (1, 1))][(r.seed - 1) % 4] if v["main"] else "--"
@@ -252,8 +257,7 @@ def plot(found, out, title):
             label = f"{r.system} LR {r.lr:g} seed {r.seed}"
         else:
             label = f"{r.system} seed {r.seed}" if v["main"] else f"{r.system} {r.lr_multiplier:g}x LR"
-        kw = {"color": colours[systems.index(r.system) % len(colours)], "ls": style, "marker": ".", "label": label,
-              "lw": 1}
+        kw = {"color": colour(plt, systems, r.system), "ls": style, "marker": ".", "label": label, "lw": 1}
         axes[0].plot([p["updates"] for p in curve], [p["bleu"] for p in curve], **kw)
         axes[1].plot([p["wall_s"] / 60 for p in curve], [p["bleu"] for p in curve], **kw)
     axes[0].set_xlabel("updates")
@@ -261,23 +265,25 @@ def plot(found, out, title):
     for ax in axes:
         ax.set_ylabel("dev BLEU (greedy)")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=6, ncol=2)
+    # below both plots, where it hides no curve (savefig's tight box takes it in)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize=7)
     fig.suptitle(title)
     return _save(fig, out)
 
 
 def lr_plot(cfg, lrs, main, out, title):
-    """Test BLEU (seed 1) against the learning rate, one line per system; a star at its chosen rate."""
+    """Test BLEU (seed 1) against the learning rate, one line per system (its colour in plot); a star at
+    its chosen rate."""
     from ..plots import _save, plt  # matplotlib with the Agg backend
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rates = sorted({m for r in lrs for m in r["by_lr"]})
     for r in lrs:
         xs = sorted(r["by_lr"])
-        (line,) = ax.plot(xs, [r["by_lr"][x]["test"] for x in xs], marker="o", label=r["system"])
+        c = colour(plt, config.all_systems(cfg), r["system"])
+        ax.plot(xs, [r["by_lr"][x]["test"] for x in xs], marker="o", label=r["system"], color=c)
         if main.get(r["system"]) in r["by_lr"]:
-            ax.plot([main[r["system"]]], [r["by_lr"][main[r["system"]]]["test"]], marker="*", ms=14,
-                    color=line.get_color(), ls="none")
+            ax.plot([main[r["system"]]], [r["by_lr"][main[r["system"]]]["test"]], marker="*", ms=14, color=c, ls="none")
     ax.set_xscale("log", base=2)
     ax.set_xticks(rates, [rate_text(cfg, m) for m in rates])
     ax.minorticks_off()
@@ -465,7 +471,7 @@ def write(cfg, chosen, where, records_dir, max_update=None, command=None):
     signature = next(iter(found.values()))["test"]["sacrebleu_signature"]
     total, missing, waiting = coverage(cfg, found, records_dir)
     out = where.results
-    plot(found, os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
+    plot(found, config.all_systems(cfg), os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
     if lrs:
         lr_plot(cfg, lrs, main, os.path.join(out, "test_bleu_lr.png"), f"{cfg.name}: test BLEU, {n} updates")
     text = markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plateau, found, n, warmup, interval,

@@ -590,3 +590,27 @@ def test_a_study_name_is_one_folder_name(tmp_path):
     assert "name: ../../escape" in bad.read_text()
     with pytest.raises(StudyError, match=rf"^{bad}: name '../../escape': a name of letters, digits and _ . \+ -"):
         config.load(str(bad))
+
+
+def test_each_system_keeps_its_colour_in_both_plots(monkeypatch):
+    from qknorm_pipeline import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out: figures.append(fig) or out)
+    cfg = config.load(NORM)
+    systems = config.all_systems(cfg)
+    curve = [{"updates": 10, "wall_s": 5, "bleu": 1.0}, {"updates": 20, "wall_s": 9, "bleu": 2.0}]
+    # qknorm's runs come first, and prenorm has no LR row: neither shifts a colour
+    found = {name: {"run": config.StudyRun(name, system, 1, 1.0, False, lr), "log": {"curve": curve}, "main": True}
+             for name, system, lr in (("qknorm_lr1e-3", "qknorm", 1e-3), ("postnorm_lr1e-3", "postnorm", 1e-3))}
+    report.plot(found, systems, "dev.png", "t")
+    lrs = [{"system": s, "by_lr": {1e-3: {"test": 1.0}, 2e-3: {"test": 2.0}}} for s in ("postnorm", "qknorm")]
+    report.lr_plot(cfg, lrs, {"postnorm": 1e-3, "qknorm": 1e-3}, "lr.png", "t")
+    cycle = plots.plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    dev, lr = figures
+    for ax in dev.axes:
+        assert {line.get_label(): line.get_color() for line in ax.lines} == {
+            "qknorm LR 0.001 seed 1": cycle[systems.index("qknorm")], "postnorm LR 0.001 seed 1": cycle[systems.index("postnorm")]}
+    assert {line.get_label(): line.get_color() for line in lr.axes[0].lines if not line.get_label().startswith("_")} == {
+        "postnorm": cycle[systems.index("postnorm")], "qknorm": cycle[systems.index("qknorm")]}
+    assert cycle[systems.index("qknorm")] != cycle[1]  # qknorm is not the second system: the test can tell
