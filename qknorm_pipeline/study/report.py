@@ -82,18 +82,23 @@ def collect(cfg, chosen, records_dir, ref, rec):
     return out
 
 
-def coverage(cfg, found, records_dir):
+def coverage(cfg, found, records_dir, n):
     """What share of the study's runs the report holds: (the study's number of runs, the names of
-    those not in the report, {system: [seeds]} of those not yet named, config.waiting)."""
+    those not in the report, {system: [seeds]} of those not yet named (config.waiting), {run: its
+    updates} of the runs found that stopped short of the budget of N updates)."""
     best = best_rates(cfg, records_dir)
     waiting = config.waiting(cfg, best=best)
     planned = [r.name for r in config.runs(cfg, best=best)]
-    return len(planned) + sum(map(len, waiting.values())), [n for n in planned if n not in found], waiting
+    short = {name: v["log"]["updates"] for name, v in found.items() if v["log"]["updates"] < n}
+    return len(planned) + sum(map(len, waiting.values())), [r for r in planned if r not in found], waiting, short
 
 
-def coverage_text(total, missing, waiting, reported):
+def coverage_text(total, missing, waiting, short, reported, n):
+    # a record made under a smaller budget (max_update raised since, the run not yet continued)
+    short_text = (f" Short of the budget of {n} updates: {', '.join(f'{r} ({u})' for r, u in short.items())}."
+                  if short else "")
     if not missing and not waiting:
-        return f"Runs: all {total} of the study's."
+        return f"Runs: all {total} of the study's." + short_text
     later = {}
     for system, seeds in waiting.items():
         later.setdefault(tuple(seeds), []).append(system)
@@ -101,7 +106,7 @@ def coverage_text(total, missing, waiting, reported):
                "the grid (named once its grid runs are recorded; until then its best rate, and what follows from it "
                "here, can change)" for k, s in later.items()]
     parts = ([", ".join(missing)] if missing else []) + unnamed
-    return f"Runs: {reported} of the study's {total}; not in this report: {'; '.join(parts)}."
+    return f"Runs: {reported} of the study's {total}; not in this report: {'; '.join(parts)}." + short_text
 
 
 def main_rates(cfg, found):
@@ -469,17 +474,17 @@ def write(cfg, chosen, where, records_dir, max_update=None, command=None):
     plateau = plateau_rows(found)
     n, warmup, interval = config.budget(cfg, max_update)
     signature = next(iter(found.values()))["test"]["sacrebleu_signature"]
-    total, missing, waiting = coverage(cfg, found, records_dir)
+    total, missing, waiting, short = coverage(cfg, found, records_dir, n)
     out = where.results
     plot(found, config.all_systems(cfg), os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
     if lrs:
         lr_plot(cfg, lrs, main, os.path.join(out, "test_bleu_lr.png"), f"{cfg.name}: test BLEU, {n} updates")
     text = markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plateau, found, n, warmup, interval,
-                    command, signature, config.peak(cfg, rec), coverage_text(total, missing, waiting, len(found)))
+                    command, signature, config.peak(cfg, rec), coverage_text(total, missing, waiting, short, len(found), n))
     result = {"name": cfg.name, "max_update": n, "warmup_updates": warmup, "validate_every": interval,
               "machine": machine(), "command": command, "metric": METRIC, "sacrebleu_signature": signature,
               "precision": cfg.precision, "runs_in_study": total, "not_in_report": missing,
-              "not_named_yet": waiting, "systems": rows, "neighbours": tests,
+              "not_named_yet": waiting, "short_of_budget": short, "systems": rows, "neighbours": tests,
               "family": "pairs of neighbours in the ranking", "alpha": ALPHA,
               "pooled_seed_sd": None if pooled is None else [pooled[0] ** 0.5, pooled[1]],
               "lr": lrs, "rankings": {f"{k:g}": v for k, v in rankings.items()}, "hold_at_every_lr": hold,

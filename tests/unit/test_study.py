@@ -405,12 +405,15 @@ def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
     assert test["resolved"] is False and test["seed_spread_known"] is False
     assert text.count("| not resolved (no seed spread known) |") == 1 and "| yes |" not in text
     assert "the 1 pair of neighbours" in text
-    assert "\nRuns: all 2 of the study's.\n" in text
+    # a budget raised after the runs were recorded: the report names the runs short of it
+    assert "\nRuns: all 2 of the study's. Short of the budget of 2000 updates: postnorm (20), qknorm (20).\n" in text
+    assert json.load(open(os.path.join(where.results, "study.json")))["short_of_budget"] == {"postnorm": 20, "qknorm": 20}
 
 
 def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
     cfg = config.load(NORM)
     cfg.lr_grid = [1e-3, 2e-3]
+    cfg.budget.max_update = 20  # the records' updates: none is short of the budget
     # postnorm's best dev BLEU at 2e-3, qknorm's at 1e-3
     runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5), "postnorm_lr2e-3": (600, [1.0, 3.0], 0.45),
             "postnorm_lr2e-3_seed2": (660, [1.5, 2.5], 0.5), "qknorm_lr1e-3": (600, [2.0, 4.0], 0.2),
