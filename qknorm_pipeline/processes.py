@@ -112,6 +112,29 @@ def decode(label, cmd, out_path, log_path, total, env=None):
 
 # --- done marks -------------------------------------------------------------------------------
 
+def command_change(old, new):
+    """How the command words NEW stand against OLD, those that made a run's checkpoints: 'same';
+    'more-updates' when the one difference is a larger --max-update (a raised budget continues the
+    run from its checkpoints); otherwise 'different: ...' naming the first difference."""
+    if len(old) != len(new):
+        return f"different: {len(old)} words against {len(new)}" + _first_change(old, new)
+    more = False
+    for i, (x, y) in enumerate(zip(old, new)):
+        if x == y:
+            continue
+        if i and old[i - 1] == "--max-update" and x.isdigit() and y.isdigit() and int(y) > int(x):
+            more = True
+            continue
+        return f"different: ... {old[i - 1] if i else ''} {x!r} now {y!r}"
+    return "more-updates" if more else "same"
+
+
+def _first_change(old, new):
+    """', from WORD on' of the first word where OLD and NEW part (words added or left out)."""
+    i = next((i for i, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
+    return f", from {(old + [''])[i] or (new + [''])[i]!r} on" if i < max(len(old), len(new)) else ""
+
+
 def mark_done(folder, key=""):
     """Record (atomically, in FOLDER/.done) that the stage in FOLDER finished with the settings KEY."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog, report
 from .cli import main as run_main
-from .files import is_whole_checkpoint
+from .files import is_whole_checkpoint, write_atomic
 from .names import folder_name, run_name
 from .paths import cpu_has_bf16, cpu_name, folders, short
 
@@ -248,6 +248,37 @@ def signature(run):
     return hashlib.sha1(shlex.join(run.fairseq_args).encode()).hexdigest()
 
 
+def settings(args):
+    """fairseq-train's ARGS without the device's (--cpu, the distributed set-up), --max-tokens as the
+    tokens per update: what must not change while a run's checkpoints are continued."""
+    world = int(last_value(args, "--distributed-world-size", 1))
+    out, skip = [], 0
+    for i, word in enumerate(args):
+        if skip:
+            skip -= 1
+        elif word in ("--cpu", "--distributed-no-spawn"):
+            pass
+        elif word in ("--distributed-world-size", "--distributed-init-method"):
+            skip = 1
+        else:
+            out.append(str(int(word) * world) if i and args[i - 1] == "--max-tokens" and word.isdigit() else word)
+    return out
+
+
+def check_same_run(run):
+    """Resuming continues the checkpoints in the run's folder: refuse a command that differs from the
+    one that trained them (its .command) in more than a larger --max-update."""
+    started = os.path.join(run.save_dir, ".command")
+    if not (os.path.isfile(started) and os.path.exists(os.path.join(run.save_dir, "checkpoint_last.pt"))):
+        return
+    with open(started, encoding="utf-8") as f:
+        change = processes.command_change(shlex.split(f.read()), settings(run.fairseq_args))
+    if change.startswith("different: "):
+        raise UserError(f"{run.pair}/{run.name}: its checkpoints in {short(run.save_dir)}/ were trained by another "
+                        f"command ({change[len('different: '):]}): train this one under another name (--name NEW), "
+                        f"or move that folder away to start {run.name} over")
+
+
 def check_resumable(run):
     """fairseq resumes from checkpoint_last.pt; one cut short would stop it with torch's traceback."""
     last = os.path.join(run.save_dir, "checkpoint_last.pt")
@@ -268,9 +299,11 @@ def train(run, python_warnings="show"):
                  f"(delete {short(run.save_dir)}/.done to retrain)")
         return
     check_resumable(run)
+    check_same_run(run)
     if run.split:
         log(TAG, run.split)
     os.makedirs(run.save_dir, exist_ok=True)
+    write_atomic(os.path.join(run.save_dir, ".command"), shlex.join(settings(run.fairseq_args)) + "\n")
     log(TAG, f"training {run.pair}/{run.name} ({run.system}) on {run.where}; log {short(run.log)}, "
              f"checkpoints {short(run.save_dir)}/")
     processes.run_training(f"{run.pair}/{run.name}", run.log, run.max_update, run.cmd, env=run.env,

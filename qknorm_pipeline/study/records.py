@@ -25,6 +25,7 @@ from datetime import datetime
 from ..fairseq_log import parse_line
 from ..files import atomic_dir, write_atomic
 from ..paths import shareable_text
+from ..processes import command_change
 from .config import StudyError, all_systems, best_rate, run_name
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
@@ -54,19 +55,11 @@ def record_change(old, new):
     a, b = _lines(old), _lines(new)
     if sorted(a) != sorted(b):
         return f"different: the record has {' and '.join(sorted(a)) or 'no'} lines, now {' and '.join(sorted(b))}"
-    more = False
-    for key in sorted(a):
-        ta, tb = a[key], b[key]
-        if len(ta) != len(tb):
-            return f"different: {key} line has {len(ta)} words against {len(tb)}"
-        for i, (x, y) in enumerate(zip(ta, tb)):
-            if x == y:
-                continue
-            if i and ta[i - 1] == "--max-update" and x.isdigit() and y.isdigit() and int(y) > int(x):
-                more = True
-                continue
-            return f"different: {key}: ... {ta[i - 1] if i else ''} {x!r} now {y!r}"
-    return "more-updates" if more else "same"
+    changes = {key: command_change(a[key], b[key]) for key in sorted(a)}
+    for key, change in changes.items():
+        if change.startswith("different: "):
+            return f"different: {key}: {change[len('different: '):]}"
+    return "more-updates" if "more-updates" in changes.values() else "same"
 
 
 def write_record(rec_dir, log_path, best_dir, last_dir, command):

@@ -69,6 +69,16 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
     # the same command again is skipped (resuming is fairseq's, from checkpoint_last.pt: test_lr_scheduler)
     p = _train_sh("demo", "postnorm", *extra, **roots)
     assert p.returncode == 0 and "already trained with this command" in p.stderr
+    # the finished run under another command (a learning rate added): refused before anything starts,
+    # its checkpoints and its .done left as they were (not relabelled as trained with that command)
+    done, best = (save / ".done").read_text(), (save / "checkpoint_best.pt").read_bytes()
+    p = _train_sh("demo", "postnorm", *extra, "--lr", "0.0001", **roots)
+    words = len(shlex.split((save / ".command").read_text()))
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"[train] error: demo/postnorm: its checkpoints in {save}/ were trained by another command ({words} words "
+        f"against {words + 2}, from '--lr' on): train this one under another name (--name NEW), or move that folder "
+        "away to start postnorm over"], p.stderr
+    assert (save / ".done").read_text() == done and (save / "checkpoint_best.pt").read_bytes() == best
     # a checkpoint_last.pt cut short: one line, nothing launched, the file kept; the fix it names works
     whole = (save / "checkpoint_last.pt").read_bytes()
     (save / "checkpoint_last.pt").write_bytes(whole[: len(whole) // 2])

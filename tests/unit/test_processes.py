@@ -88,3 +88,25 @@ def test_a_checkpoint_is_written_whole_before_ctrl_c_stops_training(tmp_path):
     assert path.read_text() == "a" * 1000 + "b" * 1000
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert ctrl_c_after(lambda: 7)() == 7  # no Ctrl-C: the result, nothing raised
+
+
+def test_command_change_allows_only_a_larger_budget():
+    from qknorm_pipeline.processes import command_change
+
+    old = ["data", "--lr", "5e-4", "--max-update", "100"]
+    assert command_change(old, list(old)) == "same"
+    assert command_change(old, ["data", "--lr", "5e-4", "--max-update", "200"]) == "more-updates"
+    assert command_change(old, ["data", "--lr", "5e-4", "--max-update", "50"]) == "different: ... --max-update '100' now '50'"
+    assert command_change(old, ["data", "--lr", "1e-3", "--max-update", "200"]) == "different: ... --lr '5e-4' now '1e-3'"
+    assert command_change(old, old + ["--seed", "2"]) == "different: 5 words against 7, from '--seed' on"
+    assert command_change(old, old[:1] + old[3:]) == "different: 5 words against 3, from '--lr' on"
+
+
+def test_a_runs_settings_leave_out_the_device_and_keep_the_tokens_per_update():
+    from qknorm_pipeline.train import settings
+
+    cpu = ["data", "--max-tokens", "4096", "--cpu", "--lr", "5e-4"]
+    gpus = ["data", "--max-tokens", "1024", "--lr", "5e-4", "--distributed-world-size", "4",
+            "--distributed-init-method", "env://", "--distributed-no-spawn"]
+    assert settings(cpu) == settings(gpus) == ["data", "--max-tokens", "4096", "--lr", "5e-4"]
+    assert settings(["data", "--max-tokens", "2048", "--distributed-world-size", "1"]) != settings(cpu)
