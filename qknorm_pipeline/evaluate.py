@@ -17,7 +17,9 @@ one line when decoding starts, the progress (sentences done / total), and the sc
 $RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json} (--checkpoint last: in
 its last/ subfolder). A stored result is reused only when the checkpoint, the test data, the whole
 decoding command, the scorer and the package versions are unchanged (a fingerprint in the
-folder's .done, written last, see qknorm_pipeline/fingerprint.py); anything else decodes again.
+folder's .done, written last, see qknorm_pipeline/fingerprint.py); anything else decodes again,
+into NAME.new files that replace the stored result only once the new one is scored, so a failed
+attempt (a mistyped flag) leaves the previous result whole, and its log in generate.log.new.
 scores.json names the checkpoint and its SHA-256, by which compare.sh refuses scores of a
 checkpoint trained again since.
 A checkpoint cut short (no zip directory at its end) is refused before decoding, with what to do.
@@ -112,24 +114,26 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
             log(TAG, f"{pair}/{run} already evaluated with this checkpoint and decoding command: {score_line(scores)} "
                      f"({short(scores_path)})")
             return scores
-    if os.path.exists(os.path.join(out, ".done")):
-        os.remove(os.path.join(out, ".done"))
-
+    # the attempt's files are NAME.new until it succeeds: a failed one (a mistyped flag) leaves the
+    # previous result whole and finished
+    new = {name: os.path.join(out, name + ".new") for name in ("generate.out", "generate.log", "hyp.txt", "scores.json")}
+    os.makedirs(out, exist_ok=True)
     n_ref = count_lines(ref)
-    generate_log = os.path.join(out, "generate.log")
-    log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}; log {short(generate_log)}")
-    processes.decode(f"{pair}/{run}", gen, os.path.join(out, "generate.out"), generate_log, n_ref,
-                     env=recipes.cpu_env(cfg))
-    hyps = hypotheses(os.path.join(out, "generate.out"))
-    hyp_path = os.path.join(out, "hyp.txt")
-    write_lines(hyp_path, hyps)
+    log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}; log {short(new['generate.log'])}")
+    processes.decode(f"{pair}/{run}", gen, new["generate.out"], new["generate.log"], n_ref, env=recipes.cpu_env(cfg))
+    hyps = hypotheses(new["generate.out"])
+    write_lines(new["hyp.txt"], hyps)
     if len(hyps) != n_ref:
-        raise UserError(f"{short(hyp_path)} has {len(hyps)} lines but {short(ref)} has {n_ref}: fairseq-generate "
-                        f"skipped sentences (see {short(os.path.join(out, 'generate.out'))})")
-    scores = score_systems([ref], [(run, hyp_path)], detok=detok, lang=lang, metric=metric,
+        raise UserError(f"{short(new['hyp.txt'])} has {len(hyps)} lines but {short(ref)} has {n_ref}: fairseq-generate "
+                        f"skipped sentences (see {short(new['generate.out'])})")
+    scores = score_systems([ref], [(run, new["hyp.txt"])], detok=detok, lang=lang, metric=metric,
                            warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     scores["checkpoint"] = {"path": shareable(ckpt), "sha256": identity["files"][0]}  # compare checks it is current
-    write_scores(scores_path, scores)
+    write_scores(new["scores.json"], scores)
+    if os.path.exists(os.path.join(out, ".done")):
+        os.remove(os.path.join(out, ".done"))  # from here until mark_done the folder is unfinished, never mixed
+    for name, path in new.items():
+        os.replace(path, os.path.join(out, name))
     processes.mark_done(out, key)
     log(TAG, f"{pair}/{run}: test {score_line(scores)} (detok {detok}) -> {short(scores_path)}")
     return scores

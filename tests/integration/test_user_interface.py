@@ -263,6 +263,14 @@ def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
     changed = run("--beam", "2")
     assert changed.returncode == 0 and "decoding demo/postnorm" in changed.stderr, changed.stderr
     assert "'beam': 2" in open(log).read()
+    # a mistyped flag: fairseq-generate refuses it, and the finished result stays whole and finished
+    folder = os.path.dirname(log)
+    before = {n: open(os.path.join(folder, n)).read() for n in ("scores.json", "hyp.txt", "generate.out", "generate.log", ".done")}
+    bad = run("--beam", "abc")
+    assert bad.returncode == 2 and "argument --beam: invalid int value: 'abc'" in bad.stderr, bad.stderr[-3000:]
+    assert {n: open(os.path.join(folder, n)).read() for n in before} == before
+    kept = run("--beam", "2")
+    assert kept.returncode == 0 and "already evaluated with this checkpoint and decoding command" in kept.stderr
 
 
 def test_evaluate_sh_refuses_a_checkpoint_cut_short_and_the_fix_it_names_works(tiny_pipeline):
