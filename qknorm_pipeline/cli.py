@@ -6,7 +6,9 @@ import argparse
 import dataclasses
 import os
 import re
+import signal
 import sys
+import threading
 import time
 
 from .paths import folders
@@ -120,9 +122,18 @@ def _output_hint(path):
     return " (the output folders are DATA_DIR, DATA_BIN, CKPT_DIR, LOG_DIR and RESULTS_DIR: docs/usage.md)"
 
 
+class Terminated(BaseException):
+    """SIGTERM (kill, a batch system's time limit), raised as Ctrl-C's KeyboardInterrupt is, so that
+    every clean-up runs (a file half written is removed) instead of the process just ending."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
 def main(run, parser, argv=None):
     """Parse ARGV with PARSER and call run(args); the exit status: 0, or a UserError's (its message
-    one line), 130 on Ctrl-C, 1 on a closed output pipe. Everything after `--` goes to args.extra
+    one line), 130 on Ctrl-C, 143 on SIGTERM, 1 on a closed output pipe. Everything after `--` goes to args.extra
     unparsed: argparse cannot give a positional `extra` the words after `--` once an option stood
     between it and the other positionals (`reproduce.sh PAIR --systems "a b" -- --max-update 40`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -133,6 +144,8 @@ def main(run, parser, argv=None):
     args = parser.parse_args(argv)
     if extra is not None:
         args.extra = list(getattr(args, "extra", None) or []) + extra
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
+    before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         run(args)
         return 0
@@ -141,6 +154,9 @@ def main(run, parser, argv=None):
     except KeyboardInterrupt:
         print(f"[{parser.tag}] interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"[{parser.tag}] terminated (SIGTERM); the same command goes on from there", file=sys.stderr)
+        return 143
     except BrokenPipeError:
         return 1
     except OSError as e:
@@ -150,3 +166,6 @@ def main(run, parser, argv=None):
         print(f"[{parser.tag}] error: {e.filename}: {e.strerror}; check that path{_output_hint(e.filename)}",
               file=sys.stderr)
         return 1
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)

@@ -110,3 +110,23 @@ def test_a_runs_settings_leave_out_the_device_and_keep_the_tokens_per_update():
             "--distributed-init-method", "env://", "--distributed-no-spawn"]
     assert settings(cpu) == settings(gpus) == ["data", "--max-tokens", "4096", "--lr", "5e-4"]
     assert settings(["data", "--max-tokens", "2048", "--distributed-world-size", "1"]) != settings(cpu)
+
+
+def test_sigterm_stops_a_decoding_cleanly_as_ctrl_c_does(tmp_path):
+    # a batch system's time limit or `kill -- -PGID`: SIGTERM to the whole process group
+    ready, log, out = tmp_path / "ready", tmp_path / "generate.log", tmp_path / "generate.out"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, "decode", str(ready), str(log), str(out)],
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGTERM)
+    try:
+        driver.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)
+        pytest.fail("SIGTERM did not stop the decoding within 20 s")
+    err = driver.stderr.read()
+    assert driver.returncode == 143 and "[pipeline] terminated (SIGTERM)" in err, err
+    assert not list(tmp_path.glob("generate.out*"))  # the half-written output removed, as on Ctrl-C
