@@ -84,6 +84,9 @@ def atomic_dir(path, stage_in=None):
     stage_in = stage_in or os.path.dirname(os.path.abspath(path))
     os.makedirs(stage_in, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp.", dir=stage_in)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # a folder as os.makedirs makes it, not mkdtemp's private 0700
     try:
         yield tmp
         if os.path.exists(path):

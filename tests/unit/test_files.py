@@ -40,6 +40,9 @@ def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path):
         assert os.path.dirname(tmp) == str(tmp_path / "stage")
         files.write_atomic(os.path.join(tmp, "b.txt"), "new\n")
     assert os.listdir(out) == ["b.txt"] and os.listdir(tmp_path / "stage") == []
+    # the folder gets the mode os.makedirs gives one (readable by a shared cluster's group), not 0700
+    os.makedirs(tmp_path / "plain")
+    assert os.stat(out).st_mode & 0o777 == os.stat(tmp_path / "plain").st_mode & 0o777 != 0o700
 
 
 def test_read_json_names_the_file_and_the_fix(tmp_path):
