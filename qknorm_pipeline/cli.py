@@ -44,7 +44,12 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         self.argv = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        parsed, rest = super().parse_known_args(args, namespace)
+        # `--name "$RUN"` with RUN unset: an empty value would silently mean the default
+        for action in self._actions:
+            if action.option_strings and getattr(parsed, action.dest, None) == "" and action.default != "":
+                self.error(f"{action.option_strings[-1]} needs a value, got an empty string")
+        return parsed, rest
 
     def error(self, message):
         # argparse's wording, in the words of the rest of the project

@@ -161,6 +161,10 @@ USAGE_ERRORS = [
     ("precision_check.sh", ["--bogus"], "unknown option --bogus"),
     ("ablate.sh", ["--bogus"], "unknown option --bogus; fairseq-train flags go after --"),
     ("ablate.sh", ["gl-en"], "the following arguments are required: system"),
+    # an empty value (`--name "$RUN"` with RUN unset) is never the default in disguise
+    ("train.sh", ["--dry-run", "--name", "", "demo", "postnorm"], "--name needs a value, got an empty string"),
+    ("prepare.sh", ["--pair", "demo", "--src-dir", ""], "--src-dir needs a value, got an empty string"),
+    ("study.sh", ["--runs", ""], "--runs needs a value, got an empty string"),
 ]
 
 
