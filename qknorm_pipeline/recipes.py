@@ -319,7 +319,11 @@ def load(pair, data_bin=None, announce=False):
                   f"{path} with 'size_from_data: true' and the keys to override, or pass fairseq flags "
                   "after PAIR SYSTEM to train.sh", file=sys.stderr)
     layers += [own or {}, {"pair": pair}]
-    return structured(Recipe, layers, f"configs/{pair}.yaml over configs/{BASE}.yaml")
+    cfg = structured(Recipe, layers, f"configs/{pair}.yaml over configs/{BASE}.yaml")
+    if not (cfg.src and cfg.tgt):
+        raise RecipeError(f"{short(path)}: src and tgt (the language codes of its files) are required, or "
+                          "'size_from_data: true' to take them from the prepared data")
+    return cfg
 
 
 def _describe(over):

@@ -165,6 +165,11 @@ def test_errors_name_the_problem(tmp_path, monkeypatch):
         with pytest.raises(recipes.RecipeError) as e:
             recipes.load("xx-yy")
         assert "\n" not in str(e.value) and f"{field}: Invalid value '{bad}', expected one of [{choices}]" in str(e.value)
+    # a pair's file without its languages
+    (tmp_path / "xx-yy.yaml").write_text("model:\n  embed_dim: 64\n")
+    with pytest.raises(recipes.RecipeError, match=r"^\S*xx-yy.yaml: src and tgt \(the language codes of its files\) are "
+                                                  r"required, or 'size_from_data: true' to take them from the prepared data$"):
+        recipes.load("xx-yy")
 
 
 def test_a_value_out_of_range_is_one_line_naming_the_key_and_the_range(tmp_path, monkeypatch):
