@@ -111,8 +111,11 @@ def reproduce(pair="demo", systems=None, seeds=1, train_options=None, train_extr
     from .scoring.compare import compare
 
     where = where or folders()
-    recipes.load(pair, os.path.join(where.data_bin, pair))  # an unknown pair stops here
+    cfg = recipes.load(pair, os.path.join(where.data_bin, pair))  # an unknown pair stops here
     systems = systems or (DEMO_SYSTEMS if pair == "demo" else PAPER_SYSTEMS)
+    for system in systems:  # a misspelt system or option stops here too, not after hours of the others' work
+        recipes.system(cfg, system)
+    train_step.check_options(train_step.Options(**(train_options or {})))
     t0 = time.time()
     log(TAG, f"{pair}: systems {' '.join(systems)}; logs in {short(os.path.join(where.logs, pair))}/, results in "
              f"{short(os.path.join(where.results, pair))}/")
@@ -156,8 +159,6 @@ def run(a):
     if a.verbose:
         os.environ["VERBOSE"] = "1"
     opts = {k: v for k, v in (("gpus", a.gpus), ("precision", a.precision)) if v is not None}
-    if opts.get("precision"):
-        train_step.check_precision(opts["precision"])
     reproduce(one_pair(a, default="demo"), a.systems.split() if a.systems else None, a.seeds, opts, a.extra)
 
 

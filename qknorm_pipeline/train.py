@@ -311,7 +311,8 @@ def train(run, python_warnings="show"):
     processes.mark_done(run.save_dir, signature(run))
 
 
-def _check(opts):
+def check_options(opts):
+    """A usage error for options that cannot go together or are out of range, before any work."""
     check_precision(opts.precision)
     for flag, value in (("--gpus", opts.gpus), ("--max-tokens-per-gpu", opts.max_tokens_per_gpu),
                         ("--nodes", opts.nodes)):
@@ -388,7 +389,7 @@ def run(a, own_options=()):
         os.environ["VERBOSE"] = "1"
     opts = Options(a.precision, a.schedule, a.stopping, a.paper_qknorm_length, a.seed, a.name, a.gpus,
                    a.max_tokens_per_gpu, a.nodes, a.node_rank, a.master, a.words[2:])
-    _check(opts)
+    check_options(opts)
     r = plan(a.words[0], a.words[1], opts)
     if a.dry_run:
         if r.split:

@@ -143,6 +143,10 @@ USAGE_ERRORS = [
     ("evaluate.sh", ["demo", "nosuch"], "unknown system 'nosuch'"),
     ("reproduce.sh", ["nosuch"], "unknown pair 'nosuch'"),
     ("reproduce.sh", ["--systems"], "--systems needs a value"),
+    # checked before any download, preparation or training
+    ("reproduce.sh", ["demo", "--systems", "postnorm qknrom"], "config 'demo' has no system 'qknrom'"),
+    ("reproduce.sh", ["demo", "--gpus", "0"], "--gpus must be a positive integer, got 0"),
+    ("reproduce.sh", ["demo", "--precision", "fp8"], "--precision must be one of fp32, bf16, fp16, got 'fp8'"),
     ("compare.sh", ["nosuch"], "unknown pair 'nosuch'"),
     ("download.sh", [], "name a pair"),
     ("download.sh", ["demo", "--source", "nosuch"], "--source nosuch: the demo is generated here, from no source"),
