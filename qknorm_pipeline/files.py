@@ -6,6 +6,7 @@ not at all: it is written under a temporary name and renamed into place only whe
 result for a finished one.
 """
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -95,6 +96,23 @@ def atomic_dir(path, stage_in=None):
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
+
+
+@contextlib.contextmanager
+def locked(folder, busy):
+    """Holds an exclusive lock on FOLDER while the block runs (released when the process ends, however
+    it ends). When another process holds it, BUSY() is called: it raises to refuse, or returns (having
+    said so) to wait for the lock."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            busy()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path, text):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog, report
 from .cli import main as run_main
-from .files import is_whole_checkpoint, write_atomic
+from .files import is_whole_checkpoint, locked, write_atomic
 from .names import folder_name, run_name
 from .paths import cpu_has_bf16, cpu_name, folders, short
 
@@ -294,21 +294,27 @@ def train(run, python_warnings="show"):
     data_bin = run.fairseq_args[0]
     if not any(f.startswith("dict.") for f in (os.listdir(data_bin) if os.path.isdir(data_bin) else [])):
         raise UserError(f"no binarized data in {short(data_bin)}: run bash scripts/prepare.sh --pair {run.pair} first")
-    if processes.is_done(run.save_dir, signature(run)):
-        log(TAG, f"{run.pair}/{run.name} already trained with this command: {short(run.save_dir)}/checkpoint_best.pt "
-                 f"(delete {short(run.save_dir)}/.done to retrain)")
-        return
-    check_resumable(run)
-    check_same_run(run)
-    if run.split:
-        log(TAG, run.split)
     os.makedirs(run.save_dir, exist_ok=True)
-    write_atomic(os.path.join(run.save_dir, ".command"), shlex.join(settings(run.fairseq_args)) + "\n")
-    log(TAG, f"training {run.pair}/{run.name} ({run.system}) on {run.where}; log {short(run.log)}, "
-             f"checkpoints {short(run.save_dir)}/")
-    processes.run_training(f"{run.pair}/{run.name}", run.log, run.max_update, run.cmd, env=run.env,
-                           python_warnings=python_warnings)
-    processes.mark_done(run.save_dir, signature(run))
+
+    def busy():
+        raise UserError(f"{run.pair}/{run.name} is being trained by another process ({short(run.save_dir)}/ is locked): "
+                        "wait for it to finish, or stop it, then run this command again")
+
+    with locked(run.save_dir, busy):  # two trainings of one run would write the same checkpoints and log
+        if processes.is_done(run.save_dir, signature(run)):
+            log(TAG, f"{run.pair}/{run.name} already trained with this command: {short(run.save_dir)}/checkpoint_best.pt "
+                     f"(delete {short(run.save_dir)}/.done to retrain)")
+            return
+        check_resumable(run)
+        check_same_run(run)
+        if run.split:
+            log(TAG, run.split)
+        write_atomic(os.path.join(run.save_dir, ".command"), shlex.join(settings(run.fairseq_args)) + "\n")
+        log(TAG, f"training {run.pair}/{run.name} ({run.system}) on {run.where}; log {short(run.log)}, "
+                 f"checkpoints {short(run.save_dir)}/")
+        processes.run_training(f"{run.pair}/{run.name}", run.log, run.max_update, run.cmd, env=run.env,
+                               python_warnings=python_warnings)
+        processes.mark_done(run.save_dir, signature(run))
 
 
 def check_options(opts):

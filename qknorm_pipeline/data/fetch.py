@@ -6,8 +6,6 @@ always means "verified". An interrupted transfer keeps DEST.part and the next at
 next run) asks the server for the rest; a server that ignores Range sends it all again.
 A file that fails a check is deleted, .part included: nothing unverified is kept.
 """
-import contextlib
-import fcntl
 import http.client
 import os
 import sys
@@ -15,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
-from ..files import file_digest
+from ..files import file_digest, locked
 from .common import DataError, NotFound, log
 
 RETRIES = 5  # further attempts after a network error
@@ -159,27 +157,13 @@ def verify(path, url, expect=None, min_size=1):
                         "the file is corrupt or changed upstream, run again or use another --source")
 
 
-@contextlib.contextmanager
-def _locked(folder):
-    """Holds an exclusive lock on FOLDER: two runs never write the same .part at once."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another download into {folder} to finish")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def fetch(url, dest, expect=None, min_size=1):
     """URL -> DEST, verified against EXPECT (a sources.Published or None). An existing DEST is
     reused: it is only ever created complete and verified."""
     folder = os.path.dirname(os.path.abspath(dest))
     os.makedirs(folder, exist_ok=True)
-    with _locked(folder):
+    # two runs never write the same .part at once
+    with locked(folder, lambda: log(f"waiting for another download into {folder} to finish")):
         if os.path.exists(dest):
             log(f"reusing {dest}")
             return dest

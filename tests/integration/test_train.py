@@ -102,3 +102,22 @@ def test_seed_option_names_the_run_and_reaches_fairseq():
     bad = script("reproduce.sh", "demo", "--seeds", "0", root="/nonexistent")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "[reproduce] error: --seeds must be a positive integer, got 0 (see bash scripts/reproduce.sh --help)"]
+
+
+def test_a_run_being_trained_is_refused_beside_it(tmp_path):
+    import pytest
+
+    from qknorm_pipeline import files, train
+    from qknorm_pipeline.cli import UserError
+
+    data, save = tmp_path / "data-bin", tmp_path / "ck" / "demo" / "postnorm"
+    data.mkdir()
+    (data / "dict.src.txt").write_text("")
+    save.mkdir(parents=True)
+    run = train.Run("demo", "postnorm", "postnorm", ["false"], [str(data)], str(save), str(tmp_path / "train.log"), 10,
+                    "CPU", {})
+    with files.locked(str(save), lambda: None):  # the other training's lock
+        with pytest.raises(UserError, match=r"^demo/postnorm is being trained by another process \(\S+/ck/demo/postnorm/ "
+                                            r"is locked\): wait for it to finish, or stop it, then run this command again$"):
+            train.train(run)
+    assert not (save / ".command").exists()  # nothing of the run was touched

@@ -84,3 +84,15 @@ def test_a_path_that_cannot_be_read_or_written_is_one_line_and_the_folder_hint_o
         err = capsys.readouterr().err
         assert err.startswith(f"[step] error: {path}: No such file or directory; check that path") and err.count("\n") == 1
         assert ("the output folders are DATA_DIR" in err) == hint, err
+
+
+def test_a_locked_folder_refuses_or_waits_as_its_caller_says(tmp_path):
+    def refuse():
+        raise RuntimeError("busy")
+
+    with files.locked(tmp_path, refuse):
+        with pytest.raises(RuntimeError, match="busy"):  # another open of the folder: another process's lock
+            with files.locked(tmp_path, refuse):
+                pass
+    with files.locked(tmp_path, refuse):  # released when the block ends
+        pass
