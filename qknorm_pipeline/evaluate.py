@@ -129,6 +129,8 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     scores = score_systems([ref], [(run, new["hyp.txt"])], detok=detok, lang=lang, metric=metric,
                            warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     scores["checkpoint"] = {"path": shareable(ckpt), "sha256": identity["files"][0]}  # compare checks it is current
+    # fairseq-generate's flags after --path: compare refuses systems decoded otherwise than the rest
+    scores["decoding"] = [shareable(w) if os.path.isabs(w) else w for w in gen[4:]]
     write_scores(new["scores.json"], scores)
     if os.path.exists(os.path.join(out, ".done")):
         os.remove(os.path.join(out, ".done"))  # from here until mark_done the folder is unfinished, never mixed

@@ -37,7 +37,7 @@ from ..cli import main as run_main
 from ..files import file_digest, read_json, write_atomic
 from ..names import split_seed
 from ..paths import ROOT, shareable
-from ..processes import is_done
+from ..processes import command_change, is_done
 from .bleu import DETOKENIZERS, MOSES_ESCAPES, ScoringError
 from .score import METRICS, score_runs
 from .significance import bootstrap_floor, format_p, holm, paired_bootstrap, pooled_variance, seed_t_test, sentence_variance
@@ -117,6 +117,19 @@ def check_current(pair, run, meta):
                         f"evaluated: trained again?): evaluate again (bash scripts/evaluate.sh {pair} {run})")
 
 
+def check_decoded_alike(pair, metas):
+    """Refuse systems decoded with different fairseq-generate flags (evaluate.sh records them in
+    scores.json; older scores have none and are not checked): the comparison would not be fair."""
+    known = {s: m["decoding"] for s, m in metas.items() if "decoding" in m}
+    first = next(iter(known), None)
+    for s, words in known.items():
+        change = command_change(known[first], words)
+        if change != "same":
+            raise ScoringError(f"{pair}/{s} was decoded with other fairseq-generate flags than {pair}/{first} "
+                               f"({change.removeprefix('different: ')}): decode every system alike (bash "
+                               f"scripts/evaluate.sh {pair} SYSTEM [flags]), or leave some out (--runs)")
+
+
 def treebank_procedure(published, chosen=None):
     """The detokenizer of the sacrebleu_treebank column: the authors' (escapes kept) only where it
     re-scores a published QKNorm Table 3 number, else the same after undoing the escapes."""
@@ -157,6 +170,7 @@ def build(pair, results_dir, published_path=DEFAULT_PUBLISHED, baseline=None, me
         metas[s] = read_json(os.path.join(pair_dir, s, "scores.json"),
                              f"evaluate it again (bash scripts/evaluate.sh {pair} {s})")
         check_current(pair, s, metas[s])
+    check_decoded_alike(pair, metas)
     ref = _reference(metas, pair)
     first = metas[systems[0]]
     metric = metric or first["metric"]

@@ -270,7 +270,7 @@ def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
     assert json.load(open(scores))["systems"]["postnorm"]["multi_bleu"] >= 0
     changed = run("--beam", "2")
     assert changed.returncode == 0 and "decoding demo/postnorm" in changed.stderr, changed.stderr
-    assert "'beam': 2" in open(log).read()
+    assert "'beam': 2" in open(log).read() and json.load(open(scores))["decoding"][-2:] == ["--beam", "2"]
     # a mistyped flag: fairseq-generate refuses it, and the finished result stays whole and finished
     folder = os.path.dirname(log)
     before = {n: open(os.path.join(folder, n)).read() for n in ("scores.json", "hyp.txt", "generate.out", "generate.log", ".done")}
@@ -325,13 +325,19 @@ def test_compare_sh_refuses_a_result_trained_again_or_decoded_halfway_and_the_fi
         f"[compare] error: demo/again: its scores are of an earlier {again}/checkpoint_best.pt (it has changed since "
         f"it was evaluated: trained again?): {fix}"), stale.stderr
     assert run("evaluate.sh", "demo", "again").returncode == 0 and compare().returncode == 0
-    # a decoding again that fails leaves the earlier hyp.txt and scores.json: refused until one finishes
+    # a decoding again that fails leaves the finished result whole and finished: the table still has it
+    result = root / "results" / "demo" / "again"
+    before = {n: (result / n).read_text() for n in ("scores.json", "hyp.txt", ".done")}
     failed = run("evaluate.sh", "demo", "again", "--beam", "0")
-    assert failed.returncode != 0 and (root / "results" / "demo" / "again" / "scores.json").exists()
+    assert failed.returncode != 0 and {n: (result / n).read_text() for n in before} == before
+    assert compare().returncode == 0
+    # halfway (its .done gone, as a decoding killed while replacing the files leaves it): refused
+    (result / ".done").unlink()
     halfway = compare()
     assert halfway.returncode == 1 and halfway.stderr.strip().splitlines()[-1].startswith(
         "[compare] error: unfinished evaluation of again in "), halfway.stderr
     assert halfway.stderr.strip().endswith(f"{fix} or leave it out (--runs)")
+    (result / ".done").write_text(before[".done"])  # the session's pipeline as it was, for the tests after
 
 
 # ---- shareable results ----

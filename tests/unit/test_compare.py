@@ -248,3 +248,22 @@ def test_an_adjusted_p_just_below_the_level_keeps_the_digits_that_show_it():
     rows = [{"p_value": 0.00999}, {"p_value": None}]
     compare.add_holm(rows, None)
     assert rows[0]["significant"] is True and rows[0]["p_holm_text"] == "0.00999" and rows[0]["p_text"] == "0.00999"
+
+
+def test_systems_decoded_with_other_flags_are_refused(tmp_path):
+    """scores.json records fairseq-generate's flags: a system decoded otherwise (here with beam 2) is
+    refused, naming the difference; leaving it out works; scores without the record are not checked."""
+    res = _fixture_results(tmp_path)
+    flags = {"postnorm": ["--beam", "4"], "qknorm": ["--beam", "2"], "scalenorm": ["--beam", "4"]}
+    for system, words in flags.items():
+        scores = res / "en-vi" / system / "scores.json"
+        scores.write_text(json.dumps({**json.loads(scores.read_text()), "decoding": words}))
+    with pytest.raises(UserError) as e:
+        compare.build("en-vi", str(res), n_samples=20)
+    assert str(e.value) == ("en-vi/qknorm was decoded with other fairseq-generate flags than en-vi/postnorm (... --beam "
+                            "'4' now '2'): decode every system alike (bash scripts/evaluate.sh en-vi SYSTEM [flags]), or "
+                            "leave some out (--runs)")
+    assert len(compare.build("en-vi", str(res), n_samples=20, runs=["postnorm", "scalenorm"])["rows"]) == 2
+    scores = res / "en-vi" / "qknorm" / "scores.json"
+    scores.write_text(json.dumps({k: v for k, v in json.loads(scores.read_text()).items() if k != "decoding"}))
+    assert len(compare.build("en-vi", str(res), n_samples=20)["rows"]) == 3
