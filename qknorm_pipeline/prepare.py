@@ -22,6 +22,7 @@ Idempotent and resumable: each stage is built in a temporary folder, renamed int
 complete, and skipped next time when its settings are unchanged (--force redoes all stages).
 Exit status: 0 ok, 2 a usage error, 1 a failure.
 """
+import hashlib
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, one_pair, prog
 from .cli import main as run_main
 from .data.common import FAIRSEQ_SPLIT
-from .files import atomic_dir
+from .files import atomic_dir, file_digest
 from .paths import folders, shareable
 
 TAG = "prepare"
@@ -127,7 +128,10 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
     work, out = os.path.join(where.data, pair), os.path.join(where.data_bin, pair)
     tok, bpe_dir = os.path.join(work, "tok"), os.path.join(work, "bpe")
     raw_flag = "--tokenized" if tokenized else "--raw"
-    key_tok = f"input={in_dir} {raw_flag} max_len={max_len}"
+    # the input's content, not only its folder: a corpus replaced in place is prepared again
+    inputs = [os.path.join(in_dir, f"{split}.{lang}") for split in FAIRSEQ_SPLIT for lang in (src, tgt)]
+    content = hashlib.sha256("".join(file_digest(p) if os.path.isfile(p) else "-" for p in inputs).encode()).hexdigest()
+    key_tok = f"input={in_dir} {raw_flag} max_len={max_len} content={content}"
     key_bpe = f"{key_tok} bpe={bpe} size={merges}"
 
     def up_to_date(folder, key):

@@ -162,6 +162,12 @@ def test_a_bad_new_input_leaves_a_prepared_pair_as_it_was(tmp_path):
         f"[prepare] error: {bad}/test.yy is not UTF-8 text (byte 3: b'\\xe9'): convert it, e.g. iconv -f LATIN1 -t "
         "UTF-8 FILE > FILE.utf8"), p.stderr
     assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.glob("data*/xx-yy/**/*") if p.is_file()} == made
+    # the same folder with a file replaced in place: prepared again, not "up to date"
+    (good / "train.xx").write_text("".join(s + "\n" for s, _ in data["train"][:200]))
+    (good / "train.yy").write_text("".join(t + "\n" for _, t in data["train"][:200]))
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(good), "--tokenized", "--merges", "100")
+    assert "up to date" not in p.stderr and "lines: train 200/200" in p.stderr, p.stderr
+    assert json.loads((tmp_path / "data-bin/xx-yy/stats.json").read_text())["lines"]["train"]["input"] == 200
 
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ted-gl-en")),
