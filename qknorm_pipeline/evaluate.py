@@ -128,7 +128,9 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
                         f"skipped sentences (see {short(new['generate.out'])})")
     scores = score_systems([ref], [(run, new["hyp.txt"])], detok=detok, lang=lang, metric=metric,
                            warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-    scores["checkpoint"] = {"path": shareable(ckpt), "sha256": identity["files"][0]}  # compare checks it is current
+    # compare checks that both are current
+    scores["checkpoint"] = {"path": shareable(ckpt), "sha256": identity["files"][0]}
+    scores["reference_sha256"] = identity["files"][1]
     # fairseq-generate's flags after --path: compare refuses systems decoded otherwise than the rest
     scores["decoding"] = [shareable(w) if os.path.isabs(w) else w for w in gen[4:]]
     write_scores(new["scores.json"], scores)

@@ -107,14 +107,20 @@ def find_systems(pair_dir, only=None):
 
 
 def check_current(pair, run, meta):
-    """Refuse RUN's scores when the checkpoint they name (evaluate.sh records its SHA-256) has changed
-    since: trained again without evaluating. Not checked when it is gone (results kept without their
-    checkpoints) or not named (scores.json written before evaluate.sh recorded it)."""
+    """Refuse RUN's scores when the checkpoint or the reference they name (evaluate.sh records their
+    SHA-256) has changed since: trained or prepared again without evaluating. Not checked when the
+    file is gone (results kept without their checkpoints) or not named (scores.json written before
+    evaluate.sh recorded it)."""
     ckpt = meta.get("checkpoint")
     path = ckpt and os.path.join(ROOT, ckpt["path"])
     if path and os.path.isfile(path) and file_digest(path) != ckpt["sha256"]:
         raise UserError(f"{pair}/{run}: its scores are of an earlier {ckpt['path']} (it has changed since it was "
                         f"evaluated: trained again?): evaluate again (bash scripts/evaluate.sh {pair} {run})")
+    ref = meta.get("reference_sha256") and os.path.join(ROOT, meta["reference"][0])
+    if ref and os.path.isfile(ref) and file_digest(ref) != meta["reference_sha256"]:
+        raise UserError(f"{pair}/{run}: its scores are against an earlier {meta['reference'][0]} (the test set has "
+                        f"changed since it was evaluated: prepared again?): evaluate again (bash scripts/evaluate.sh "
+                        f"{pair} {run})")
 
 
 def check_decoded_alike(pair, metas):

@@ -318,6 +318,7 @@ def test_compare_sh_refuses_a_result_trained_again_or_decoded_halfway_and_the_fi
     scores = json.load(open(root / "results" / "demo" / "again" / "scores.json"))
     assert scores["checkpoint"] == {"path": str(again / "checkpoint_best.pt"),
                                     "sha256": hashlib.sha256((again / "checkpoint_best.pt").read_bytes()).hexdigest()}
+    assert scores["reference_sha256"] == hashlib.sha256((root / "data" / "demo" / "tok" / "test.tgt").read_bytes()).hexdigest()
     # trained again, not evaluated: refused, and the fix it names makes the table
     shutil.copy(root / "checkpoints" / "demo" / "postnorm" / "checkpoint_best.pt", again)
     stale = compare()

@@ -137,6 +137,15 @@ def test_scores_of_a_checkpoint_changed_since_are_refused(tmp_path):
         compare.build("en-vi", str(res), n_samples=20)
     ckpt.unlink()
     assert len(compare.build("en-vi", str(res), n_samples=20)["rows"]) == 3
+    # the reference prepared again since: refused alike
+    ref = tmp_path / "ref.vi"
+    scores.write_text(json.dumps({**json.loads(scores.read_text()), "reference_sha256": hashlib.sha256(ref.read_bytes()).hexdigest()}))
+    assert len(compare.build("en-vi", str(res), n_samples=20)["rows"]) == 3
+    ref.write_text("".join(reversed(ref.read_text(encoding="utf-8").splitlines(keepends=True))), encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(
+            f"en-vi/qknorm: its scores are against an earlier {ref} (the test set has changed since it was evaluated: "
+            "prepared again?): evaluate again (bash scripts/evaluate.sh en-vi qknorm)")):
+        compare.build("en-vi", str(res), n_samples=20)
 
 
 def test_runs_restricts_the_table(tmp_path):
