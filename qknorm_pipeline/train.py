@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog, report
 from .cli import main as run_main
-from .files import is_whole_checkpoint, locked, write_atomic
+from .files import file_digest, is_whole_checkpoint, locked, write_atomic
 from .names import folder_name, run_name
 from .paths import cpu_has_bf16, cpu_name, folders, short
 
@@ -279,6 +279,24 @@ def check_same_run(run):
                         f"or move that folder away to start {run.name} over")
 
 
+def data_digest(data_bin):
+    """SHA-256 over the binarized data (dictionaries, .bin and .idx files) a run trains on."""
+    names = sorted(f for f in os.listdir(data_bin) if f.startswith("dict.") or f.endswith((".bin", ".idx")))
+    return hashlib.sha256(" ".join(f"{n}:{file_digest(os.path.join(data_bin, n))}" for n in names).encode()).hexdigest()
+
+
+def check_same_data(run, digest):
+    """A run's checkpoints belong to the data they were trained on (its folder's .data): data prepared
+    again since (another BPE, another corpus) would be continued or decoded with the wrong vocabulary."""
+    path = os.path.join(run.save_dir, ".data")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            if f.read().strip() != digest:
+                raise UserError(f"{run.pair}/{run.name}: the data in {short(run.fairseq_args[0])} has changed since its "
+                                f"checkpoints in {short(run.save_dir)}/ were trained (prepared again?): train this one "
+                                f"under another name (--name NEW), or move that folder away to train {run.name} again")
+
+
 def check_resumable(run):
     """fairseq resumes from checkpoint_last.pt; one cut short would stop it with torch's traceback."""
     last = os.path.join(run.save_dir, "checkpoint_last.pt")
@@ -301,6 +319,8 @@ def train(run, python_warnings="show"):
                         "wait for it to finish, or stop it, then run this command again")
 
     with locked(run.save_dir, busy):  # two trainings of one run would write the same checkpoints and log
+        digest = data_digest(data_bin)
+        check_same_data(run, digest)
         if processes.is_done(run.save_dir, signature(run)):
             log(TAG, f"{run.pair}/{run.name} already trained with this command: {short(run.save_dir)}/checkpoint_best.pt "
                      f"(delete {short(run.save_dir)}/.done to retrain)")
@@ -310,6 +330,7 @@ def train(run, python_warnings="show"):
         if run.split:
             log(TAG, run.split)
         write_atomic(os.path.join(run.save_dir, ".command"), shlex.join(settings(run.fairseq_args)) + "\n")
+        write_atomic(os.path.join(run.save_dir, ".data"), digest + "\n")
         log(TAG, f"training {run.pair}/{run.name} ({run.system}) on {run.where}; log {short(run.log)}, "
                  f"checkpoints {short(run.save_dir)}/")
         processes.run_training(f"{run.pair}/{run.name}", run.log, run.max_update, run.cmd, env=run.env,

@@ -93,6 +93,15 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
     p = _train_sh("demo", "postnorm", *longer, **roots)
     assert p.returncode == 0, p.stderr[-3000:]
     assert '"num_updates": "6"' in log.read_text()
+    # the data prepared again since (here one dictionary entry more): its checkpoints are not continued, nor
+    # called trained on it
+    with open(tmp_path / "data-bin" / "demo" / "dict.src.txt", "a") as f:
+        f.write("newword 1\n")
+    p = _train_sh("demo", "postnorm", *longer, **roots)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"[train] error: demo/postnorm: the data in {tmp_path}/data-bin/demo has changed since its checkpoints in "
+        f"{save}/ were trained (prepared again?): train this one under another name (--name NEW), or move that "
+        "folder away to train postnorm again"], p.stderr
 
 
 def test_seed_option_names_the_run_and_reaches_fairseq():
