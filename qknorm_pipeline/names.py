@@ -11,6 +11,7 @@ SEED = re.compile(r"^(?P<variant>.+)_seed(?P<seed>[0-9]+)$")
 
 
 FOLDER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+PAIR = re.compile(r"([A-Za-z_]+)-([A-Za-z_]+)")  # a pair of your own: SRC-TGT, its files' language codes
 
 
 def folder_name(kind, name, error=ValueError):

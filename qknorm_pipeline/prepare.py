@@ -24,7 +24,6 @@ Exit status: 0 ok, 2 a usage error, 1 a failure.
 """
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from .cli import Parser, UsageError, UserError, log, one_pair, prog
 from .cli import main as run_main
 from .data.common import FAIRSEQ_SPLIT
 from .files import atomic_dir, file_digest
+from .names import PAIR
 from .paths import folders, shareable
 
 TAG = "prepare"
@@ -48,7 +48,7 @@ def settings(pair, src_dir, tokenized, bpe, merges, max_len):
     else:
         if not src_dir:
             raise UsageError(f"unknown pair {pair!r} (no configs/{pair}.yaml): for your own corpus pass --src-dir DIR")
-        m = re.fullmatch(r"([A-Za-z_]+)-([A-Za-z_]+)", pair)
+        m = PAIR.fullmatch(pair)
         if not m:
             raise UsageError(f"--pair must look like xx-yy (source-target language codes), got {pair!r}")
         if tokenized is None:

@@ -7,6 +7,7 @@ import os
 from .. import recipes
 from ..cli import UsageError
 from ..files import atomic_dir, read_lines, write_lines
+from ..names import PAIR
 from . import readers, sources
 from .common import SPLITS, DataError, NotFound, log
 from .fetch import fetch
@@ -91,8 +92,9 @@ def candidates(pair, source=None, data=None):
     SOURCE's, when given)."""
     known = [p for p in recipes.available_pairs() if p != "demo"]
     if pair not in recipes.available_pairs():
+        own = pair if PAIR.fullmatch(pair) else "SRC-TGT"  # a name prepare.sh would take
         raise UsageError(f"unknown pair {pair!r}: downloadable pairs are {', '.join(known)}; for your own "
-                        f"corpus run: bash scripts/prepare.sh --pair {pair} --src-dir DIR")
+                        f"corpus run: bash scripts/prepare.sh --pair {own} --src-dir DIR")
     cfg = recipes.load(pair)
     found = sources.sources_for((data or cfg.data).source, cfg.src, cfg.tgt)
     if source:

@@ -151,6 +151,7 @@ USAGE_ERRORS = [
     ("download.sh", [], "name a pair"),
     ("download.sh", ["demo", "--source", "nosuch"], "--source nosuch: the demo is generated here, from no source"),
     ("download.sh", ["nosuch"], "unknown pair 'nosuch': downloadable pairs are ar-en, en-he, en-vi, gl-en, sk-en"),
+    ("download.sh", ["gl en"], "for your own corpus run: bash scripts/prepare.sh --pair SRC-TGT --src-dir DIR"),
     ("study.sh", ["--seeds", "0"], "--seeds must be a positive integer, got 0"),
     ("prepare.sh", ["--bogus"], "unknown option --bogus"),
     ("benchmark.sh", ["--reps"], "--reps needs a value"),
