@@ -19,6 +19,7 @@ finished with the same command is skipped.
 Exit status: 0 trained (or already trained), 2 a usage error (this command's or fairseq's), 1 a failure.
 """
 import argparse
+import contextlib
 import hashlib
 import os
 import shlex
@@ -318,7 +319,10 @@ def train(run, python_warnings="show"):
         raise UserError(f"{run.pair}/{run.name} is being trained by another process ({short(run.save_dir)}/ is locked): "
                         "wait for it to finish, or stop it, then run this command again")
 
-    with locked(run.save_dir, busy):  # two trainings of one run would write the same checkpoints and log
+    # two trainings of one run would write the same checkpoints and log; the other machines of a
+    # multi-node run (--node-rank 1..) share the folder with the first, which holds the lock
+    first = last_value(run.cmd, "--node_rank", "0") == "0"
+    with locked(run.save_dir, busy) if first else contextlib.nullcontext():
         digest = data_digest(data_bin)
         check_same_data(run, digest)
         if processes.is_done(run.save_dir, signature(run)):

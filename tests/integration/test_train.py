@@ -1,4 +1,5 @@
 """scripts/train.sh as a user runs it: the command it prints, its errors, a short real training."""
+import dataclasses
 import re
 import shlex
 import shutil
@@ -130,3 +131,9 @@ def test_a_run_being_trained_is_refused_beside_it(tmp_path):
                                             r"is locked\): wait for it to finish, or stop it, then run this command again$"):
             train.train(run)
     assert not (save / ".command").exists()  # nothing of the run was touched
+    # the other machines of a multi-node run share the folder with the first, which holds the lock
+    other = dataclasses.replace(run, cmd=["false", "--node_rank", "1"])
+    with files.locked(str(save), lambda: None):
+        with pytest.raises(UserError) as e:
+            train.train(other)  # `false` stands for the training: it fails, but past the lock
+    assert "is being trained by another process" not in str(e.value) and (save / ".command").exists()
