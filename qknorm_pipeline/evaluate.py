@@ -19,7 +19,8 @@ its last/ subfolder). A stored result is reused only when the checkpoint, the te
 decoding command, the scorer and the package versions are unchanged (a fingerprint in the
 folder's .done, written last, see qknorm_pipeline/fingerprint.py); anything else decodes again,
 into NAME.new files that replace the stored result only once the new one is scored, so a failed
-attempt (a mistyped flag) leaves the previous result whole, and its log in generate.log.new.
+attempt (a mistyped flag) leaves the previous result whole and finished (generate.log: the latest
+attempt's).
 scores.json names the checkpoint and its SHA-256, by which compare.sh refuses scores of a
 checkpoint trained again since.
 A checkpoint cut short (no zip directory at its end) is refused before decoding, with what to do.
@@ -114,13 +115,14 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
             log(TAG, f"{pair}/{run} already evaluated with this checkpoint and decoding command: {score_line(scores)} "
                      f"({short(scores_path)})")
             return scores
-    # the attempt's files are NAME.new until it succeeds: a failed one (a mistyped flag) leaves the
-    # previous result whole and finished
-    new = {name: os.path.join(out, name + ".new") for name in ("generate.out", "generate.log", "hyp.txt", "scores.json")}
+    # the attempt's outputs are NAME.new until it succeeds: a failed one (a mistyped flag) leaves the
+    # previous result whole and finished; generate.log is the latest attempt's
+    new = {name: os.path.join(out, name + ".new") for name in ("generate.out", "hyp.txt", "scores.json")}
     os.makedirs(out, exist_ok=True)
     n_ref = count_lines(ref)
-    log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}; log {short(new['generate.log'])}")
-    processes.decode(f"{pair}/{run}", gen, new["generate.out"], new["generate.log"], n_ref, env=recipes.cpu_env(cfg))
+    generate_log = os.path.join(out, "generate.log")
+    log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}; log {short(generate_log)}")
+    processes.decode(f"{pair}/{run}", gen, new["generate.out"], generate_log, n_ref, env=recipes.cpu_env(cfg))
     hyps = hypotheses(new["generate.out"])
     write_lines(new["hyp.txt"], hyps)
     if len(hyps) != n_ref:

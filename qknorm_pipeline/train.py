@@ -250,20 +250,21 @@ def signature(run):
 
 
 def settings(args):
-    """fairseq-train's ARGS without the device's (--cpu, the distributed set-up), --max-tokens as the
-    tokens per update: what must not change while a run's checkpoints are continued."""
-    world = int(last_value(args, "--distributed-world-size", 1))
+    """fairseq-train's ARGS without the device's (--cpu, the distributed set-up), and one --max-tokens
+    at the end: the tokens per update (the last --max-tokens, fairseq's, times the processes). What
+    must not change while a run's checkpoints are continued."""
+    tokens = int(last_value(args, "--max-tokens", 0)) * int(last_value(args, "--distributed-world-size", 1))
     out, skip = [], 0
-    for i, word in enumerate(args):
+    for word in args:
         if skip:
             skip -= 1
         elif word in ("--cpu", "--distributed-no-spawn"):
             pass
-        elif word in ("--distributed-world-size", "--distributed-init-method"):
+        elif word in ("--distributed-world-size", "--distributed-init-method", "--max-tokens"):
             skip = 1
         else:
-            out.append(str(int(word) * world) if i and args[i - 1] == "--max-tokens" and word.isdigit() else word)
-    return out
+            out.append(word)
+    return out + ["--max-tokens", str(tokens)]
 
 
 def check_same_run(run):
@@ -276,7 +277,7 @@ def check_same_run(run):
         change = processes.command_change(shlex.split(f.read()), settings(run.fairseq_args))
     if change.startswith("different: "):
         raise UserError(f"{run.pair}/{run.name}: its checkpoints in {short(run.save_dir)}/ were trained by another "
-                        f"command ({change[len('different: '):]}): train this one under another name (--name NEW), "
+                        f"command ({change.removeprefix('different: ')}): train this one under another name (--name NEW), "
                         f"or move that folder away to start {run.name} over")
 
 

@@ -27,7 +27,6 @@ are recorded: the same call trains the grid, then those).
 Exit status: 0 ok, 2 a usage error, 1 a failure.
 """
 import os
-import shlex
 import sys
 import time
 
@@ -97,13 +96,10 @@ def select(cfg, a, records_dir, names=None):
     return chosen, waiting
 
 
-def rebuild_command(a, cfg, records_dir, reported):
-    """The --report-only command that rebuilds a report of the runs REPORTED (its Command: line)."""
+def report_command(a):
+    """The --report-only command of this study (the report adds --runs when it lacks some runs)."""
     words = ["bash", "scripts/study.sh"] + (["--config", a.config] if a.config != config.DEFAULT else [])
-    words += (["--max-update", str(a.max_update)] if a.max_update else []) + ["--report-only"]
-    everything = [r.name for r in config.runs(cfg, best=records.best_rates(cfg, records_dir))]
-    names = [r.name for r in reported]
-    return shlex.join(words + ([] if names == everything else ["--runs", " ".join(names)]))
+    return words + (["--max-update", str(a.max_update)] if a.max_update else []) + ["--report-only"]
 
 
 def run(a):
@@ -140,7 +136,7 @@ def run(a):
         return
     if not a.report_only:  # the report: every recorded run of the chosen systems and seeds, not only this call's
         chosen = [c for c in select(cfg, a, records_dir)[0] if records.recorded(records_dir, c.name)]
-    md = report.write(cfg, chosen, where, records_dir, a.max_update, rebuild_command(a, cfg, records_dir, chosen))
+    md = report.write(cfg, chosen, where, records_dir, a.max_update, report_command(a))
     with open(md, encoding="utf-8") as f:
         print(f.read())
 

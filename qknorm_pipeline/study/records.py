@@ -58,7 +58,7 @@ def record_change(old, new):
     changes = {key: command_change(a[key], b[key]) for key in sorted(a)}
     for key, change in changes.items():
         if change.startswith("different: "):
-            return f"different: {key}: {change[len('different: '):]}"
+            return f"different: {key}: {change.removeprefix('different: ')}"
     return "more-updates" if "more-updates" in changes.values() else "same"
 
 

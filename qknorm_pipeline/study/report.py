@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import shlex
 from datetime import datetime
 
 from ..files import write_atomic
@@ -458,6 +459,8 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
 
 
 def write(cfg, chosen, where, records_dir, max_update=None, command=None):
+    """The report of the runs CHOSEN. COMMAND: the words of the study's --report-only command; the
+    report's Command: line adds --runs when the report lacks some of the study's runs."""
     rec = config.recipe(cfg, os.path.join(where.data_bin, cfg.pair))
     ref = os.path.join(where.data, cfg.pair, "tok", f"test.{rec.tgt}")
     if not os.path.isfile(ref):
@@ -475,6 +478,7 @@ def write(cfg, chosen, where, records_dir, max_update=None, command=None):
     n, warmup, interval = config.budget(cfg, max_update)
     signature = next(iter(found.values()))["test"]["sacrebleu_signature"]
     total, missing, waiting, short = coverage(cfg, found, records_dir, n)
+    command = command and shlex.join(command + (["--runs", " ".join(found)] if missing else []))
     out = where.results
     plot(found, config.all_systems(cfg), os.path.join(out, "dev_bleu.png"), f"{cfg.name}: dev BLEU, {n} updates")
     if lrs:

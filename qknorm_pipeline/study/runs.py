@@ -62,7 +62,7 @@ def one_run(cfg, run, rec, where, records_dir, label, max_update=None, dry=False
     command = record_text(cfg, planned, rec, where)
     rec_dir = os.path.join(records_dir, run.name)
     change = "to train"
-    if os.path.isfile(os.path.join(rec_dir, "command.txt")):
+    if records.recorded(records_dir, run.name):
         with open(os.path.join(rec_dir, "command.txt"), encoding="utf-8") as f:
             change = records.record_change(f.read(), command)
     if dry:

@@ -274,10 +274,11 @@ def test_evaluate_sh_decodes_again_when_a_decoding_flag_changes(tiny_pipeline):
     assert "'beam': 2" in open(log).read() and json.load(open(scores))["decoding"][-2:] == ["--beam", "2"]
     # a mistyped flag: fairseq-generate refuses it, and the finished result stays whole and finished
     folder = os.path.dirname(log)
-    before = {n: open(os.path.join(folder, n)).read() for n in ("scores.json", "hyp.txt", "generate.out", "generate.log", ".done")}
+    before = {n: open(os.path.join(folder, n)).read() for n in ("scores.json", "hyp.txt", "generate.out", ".done")}
     bad = run("--beam", "abc")
     assert bad.returncode == 2 and "argument --beam: invalid int value: 'abc'" in bad.stderr, bad.stderr[-3000:]
     assert {n: open(os.path.join(folder, n)).read() for n in before} == before
+    assert "invalid int value: 'abc'" in open(log).read()  # the log is the latest attempt's
     kept = run("--beam", "2")
     assert kept.returncode == 0 and "already evaluated with this checkpoint and decoding command" in kept.stderr
 

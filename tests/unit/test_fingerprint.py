@@ -64,7 +64,7 @@ def test_evaluate_decodes_again_after_an_edit_of_positions_py(tmp_path, repo_cop
     def decode(name, cmd, out, log, n, env=None):
         decoded.append(name)
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open(ref) as f_ref, open(out, "w") as f_out, open(log, "w"):  # the log, as processes.decode always writes
+        with open(ref) as f_ref, open(out, "w") as f_out:
             for i, line in enumerate(f_ref):
                 f_out.write(f"H-{i}\t-0.1\t{line}")
 

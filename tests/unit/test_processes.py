@@ -108,8 +108,19 @@ def test_a_runs_settings_leave_out_the_device_and_keep_the_tokens_per_update():
     cpu = ["data", "--max-tokens", "4096", "--cpu", "--lr", "5e-4"]
     gpus = ["data", "--max-tokens", "1024", "--lr", "5e-4", "--distributed-world-size", "4",
             "--distributed-init-method", "env://", "--distributed-no-spawn"]
-    assert settings(cpu) == settings(gpus) == ["data", "--max-tokens", "4096", "--lr", "5e-4"]
+    assert settings(cpu) == settings(gpus) == ["data", "--lr", "5e-4", "--max-tokens", "4096"]
     assert settings(["data", "--max-tokens", "2048", "--distributed-world-size", "1"]) != settings(cpu)
+
+
+def test_a_run_moves_between_a_cpu_and_gpus_but_not_to_another_update_size():
+    from qknorm_pipeline import train
+
+    def plan(**options):
+        return train.settings(train.plan("gl-en", "qknorm", train.Options(**options), check=False).fairseq_args)
+
+    # train.sh's own commands: the GPU ones repeat --max-tokens (the recipe's, then each process's share)
+    assert plan() == plan(gpus=1) == plan(gpus=2)
+    assert plan(gpus=2, max_tokens_per_gpu=4096) != plan()
 
 
 def test_sigterm_stops_a_decoding_cleanly_as_ctrl_c_does(tmp_path):

@@ -301,7 +301,7 @@ def test_report_tables_significance_and_curves(tmp_path):
     where, records_dir, refs, hyps = _records(tmp_path, runs)
     chosen = [r for r in config.runs(cfg, ["postnorm", "qknorm"], seeds=2)]
     assert sorted(r.name for r in chosen) == sorted(runs)
-    md = report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")
+    md = report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])
     text = open(md).read()
     # test BLEU per seed from the records, mean and sample sd (tokenized multi-bleu: textbook BLEU)
     bleu = {r: naive_bleu(h, refs) for r, h in hyps.items()}
@@ -336,7 +336,9 @@ def test_report_tables_significance_and_curves(tmp_path):
     # the last checkpoint: not decoded in these records; the best is the last where the last validation is best
     assert result["runs"]["qknorm"]["last_source"] == "best"
     assert result["runs"]["postnorm"]["curve"][1] == {"updates": 20, "wall_s": 20, "bleu": 2.0}
-    assert "Command: `bash scripts/study.sh`" in text and "Settings: configs/studies/gl-en.yaml;" in text
+    # a report of fewer runs than the study's: its command names them
+    assert "Command: `bash scripts/study.sh --report-only --runs 'postnorm qknorm postnorm_seed2 qknorm_seed2 postnorm_lr2x " \
+           "qknorm_lr2x'`" in text and "Settings: configs/studies/gl-en.yaml;" in text
     assert "published" not in text  # the papers' split differs: no published columns
     png = os.path.join(where.results, "dev_bleu.png")
     with open(png, "rb") as f:
@@ -350,7 +352,7 @@ def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tm
             "qknorm": (660, [2.0, 3.0], 0.2), "qknorm_seed2": (720, [2.0, 3.5], 0.25), "prenorm": (600, [1.0, 2.0], 0.35)}
     where, records_dir, refs, hyps = _records(tmp_path, runs)
     chosen = [r for r in config.runs(cfg, ["postnorm", "prenorm", "qknorm"], seeds=2) if r.name in runs]
-    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
     result = json.load(open(os.path.join(where.results, "study.json")))
     bleu = {r: naive_bleu(h, refs) for r, h in hyps.items()}
     post, qk = [bleu["postnorm"], bleu["postnorm_seed2"]], [bleu["qknorm"], bleu["qknorm_seed2"]]
@@ -393,7 +395,7 @@ def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
     where, records_dir, refs, hyps = _records(tmp_path, {"postnorm": (600, [1.0, 2.0], 0.5),
                                                          "qknorm": (660, [2.0, 3.0], 0.3)})
     chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=1)
-    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
     (test,) = json.load(open(os.path.join(where.results, "study.json")))["neighbours"]
     # no seed spread known: a normal test with the test set's variance alone
     assert test["seed_terms"] == ["unknown", "unknown"] and test["df"] is None
@@ -406,6 +408,7 @@ def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
     assert text.count("| not resolved (no seed spread known) |") == 1 and "| yes |" not in text
     assert "the 1 pair of neighbours" in text
     # a budget raised after the runs were recorded: the report names the runs short of it
+    assert "Command: `bash scripts/study.sh --report-only`" in text  # all of the study: no --runs
     assert "\nRuns: all 2 of the study's. Short of the budget of 2000 updates: postnorm (20), qknorm (20).\n" in text
     assert json.load(open(os.path.join(where.results, "study.json")))["short_of_budget"] == {"postnorm": 20, "qknorm": 20}
 
@@ -423,7 +426,7 @@ def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
     assert best == {"postnorm": 2e-3, "qknorm": 1e-3}
     chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=2, best=best)
     assert sorted(r.name for r in chosen) == sorted(runs)
-    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
     bleu = {r: naive_bleu(h, refs) for r, h in hyps.items()}
     result = json.load(open(os.path.join(where.results, "study.json")))
     rows = {r["system"]: r for r in result["systems"]}
@@ -471,7 +474,7 @@ def test_report_tests_the_papers_claims_as_a_holm_family(tmp_path):
             "qknorm_lr1e-3": (600, [2.0, 4.0], 0.1), "qknorm_lr1e-3_seed2": (720, [2.0, 3.5], 0.12)}
     where, records_dir, refs, hyps = _records(tmp_path, runs)
     chosen = config.runs(cfg, ["postnorm", "qknorm"], seeds=2, best={"postnorm": 1e-3, "qknorm": 1e-3})
-    text = open(report.write(cfg, chosen, where, records_dir, command="bash scripts/study.sh")).read()
+    text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
     result = json.load(open(os.path.join(where.results, "study.json")))
     (neighbour,) = result["neighbours"]
     a, b = result["claims"]
@@ -505,15 +508,13 @@ def test_report_names_a_missing_record(tmp_path):
         report.write(cfg, chosen, where, records_dir)
 
 
-def test_the_reports_command_is_the_report_only_command_that_rebuilds_it(tmp_path):
-    from qknorm_pipeline.study.__main__ import parser, rebuild_command
+def test_the_study_report_command_keeps_the_config_and_budget_only():
+    from qknorm_pipeline.study.__main__ import parser, report_command
 
-    cfg = config.load(CONFIG)
-    everything = config.runs(cfg)
-    assert rebuild_command(parser().parse_args([]), cfg, str(tmp_path), everything) == "bash scripts/study.sh --report-only"
+    assert report_command(parser().parse_args([])) == ["bash", "scripts/study.sh", "--report-only"]
     a = parser().parse_args(["--config", "my study.yaml", "--max-update", "20", "--runs", "qknorm", "--source-dir", "x"])
-    assert rebuild_command(a, cfg, str(tmp_path), everything[:2]) == (
-        "bash scripts/study.sh --config 'my study.yaml' --max-update 20 --report-only --runs 'postnorm prenorm'")
+    assert report_command(a) == ["bash", "scripts/study.sh", "--config", "my study.yaml", "--max-update", "20",
+                                 "--report-only"]
 
 
 def test_a_ranking_shows_scores_that_print_alike_as_equal():
