@@ -108,7 +108,7 @@ def test_a_runs_settings_leave_out_the_device_and_keep_the_tokens_per_update():
     cpu = ["data", "--max-tokens", "4096", "--cpu", "--lr", "5e-4"]
     gpus = ["data", "--max-tokens", "1024", "--lr", "5e-4", "--distributed-world-size", "4",
             "--distributed-init-method", "env://", "--distributed-no-spawn"]
-    assert settings(cpu) == settings(gpus) == ["data", "--lr", "5e-4", "--max-tokens", "4096"]
+    assert settings(cpu) == settings(gpus) == ["--max-tokens", "4096", "data", "--lr", "5e-4"]
     assert settings(["data", "--max-tokens", "2048", "--distributed-world-size", "1"]) != settings(cpu)
 
 
