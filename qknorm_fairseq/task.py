@@ -31,6 +31,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import II
 
 from . import lr_scheduler as val_decay_module
 from .compile import compile_layers
@@ -42,6 +43,14 @@ logger = logging.getLogger(__name__)
 BEAM_SEARCHES = ("fairseq", "twt")
 
 LENGTH_NORMS = ("fairseq", "gnmt")
+
+
+def precision_problem(precision, device):
+    """Why decoding under autocast in `precision` cannot run on `device` ("cuda" or "cpu"); None if it can."""
+    if precision == "fp32" or device == "cuda" or (precision == "bf16" and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return None
+    return (f"--decode-precision {precision} needs a CUDA device{'' if precision == 'fp16' else ' or a CPU with bf16 kernels'}; "
+            "decode in fp32 (drop the flag)")
 
 
 def gnmt_rerank(hypos, alpha):
@@ -95,11 +104,22 @@ class TranslationQKConfig(TranslationConfig):
         metadata={"help": "train with each encoder and decoder layer compiled by torch.compile (validation and "
                           "decoding stay eager; qknorm_fairseq/compile.py)"},
     )
+    cpu: bool = II("common.cpu")
 
 
 @register_task("translation_qk", dataclass=TranslationQKConfig)
 class TranslationQKTask(TranslationTask):
     cfg: TranslationQKConfig
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        # Refuse a decoding precision this machine lacks before fairseq loads a model; inference_step
+        # checks the device the model actually landed on.
+        device = "cpu" if getattr(cfg, "cpu", False) or not torch.cuda.is_available() else "cuda"
+        problem = precision_problem(cfg.decode_precision, device)
+        if problem:
+            raise ValueError(problem)
+        return super().setup_task(cfg, **kwargs)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         if self.cfg.beam_search == "twt" and self.cfg.length_norm != "gnmt":
@@ -141,10 +161,9 @@ class TranslationQKTask(TranslationTask):
         if dtype is None:
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
         device = next(models[0].parameters()).device.type
-        if device != "cuda" and not (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-            raise ValueError(f"--decode-precision {self.cfg.decode_precision} needs a CUDA device"
-                             f"{'' if dtype == torch.float16 else ' or a CPU with bf16 kernels'}; decode in fp32 "
-                             "(drop the flag)")
+        problem = precision_problem(self.cfg.decode_precision, device)
+        if problem:
+            raise ValueError(problem)
         with torch.autocast(device, dtype=dtype):
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 

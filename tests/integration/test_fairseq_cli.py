@@ -121,7 +121,7 @@ def test_checkpoint_holds_no_unsafe_globals_beyond_the_allow_list(trained):
 
 def test_decode_precision_on_a_cpu(tiny_data, tmp_path):
     """bf16 decodes under CPU autocast where torch has bf16 kernels, with the fp32 hypotheses on this
-    tiny task; fp16 on a CPU is an error naming the fix."""
+    tiny task; fp16 on a CPU is an error naming the fix, raised as the task is set up (before the model loads)."""
     import torch
 
     fairseq("train", *train_args(tiny_data / "bin", tmp_path / "ck", "transformer_postnorm", "--cpu", max_epoch=1))
@@ -133,6 +133,12 @@ def test_decode_precision_on_a_cpu(tiny_data, tmp_path):
 
     out = generate("--decode-precision", "fp16")
     assert out.returncode != 0 and "--decode-precision fp16 needs a CUDA device; decode in fp32" in out.stderr
+    # refused when the task is set up, before fairseq looks for the checkpoint
+    early = fairseq("generate", tiny_data / "bin", "--user-dir", USER_DIR, "--path", tmp_path / "absent.pt",
+                    "--task", "translation_qk", "--source-lang", "src", "--target-lang", "tgt", "--cpu",
+                    "--decode-precision", "fp16", check=False)
+    assert early.returncode != 0 and "--decode-precision fp16 needs a CUDA device" in early.stderr, early.stderr[-2000:]
+    assert "Model file not found" not in early.stderr
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("this CPU has no bf16 kernels")
     bf16, fp32 = generate("--decode-precision", "bf16"), generate()
