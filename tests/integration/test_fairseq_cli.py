@@ -147,6 +147,26 @@ def test_decode_precision_on_a_cpu(tiny_data, tmp_path):
     assert len(hyps[0]) == len(hyps[1]) == 40
 
 
+def test_setup_task_sees_cpu_and_refuses_fp16_there_even_beside_a_gpu(tiny_data, monkeypatch):
+    """--cpu reaches the task (common.cpu), so fp16 decoding is refused on a GPU machine told to decode on the CPU."""
+    import torch
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from qknorm_fairseq.task import TranslationQKTask
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def task_cfg(*extra):
+        args = [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--task", "translation_qk", "--path", "x.pt",
+                "--source-lang", "src", "--target-lang", "tgt", "--decode-precision", "fp16", *extra]
+        return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), args)).task
+
+    assert TranslationQKTask.setup_task(task_cfg()).cfg.decode_precision == "fp16"
+    with pytest.raises(ValueError, match=r"^--decode-precision fp16 needs a CUDA device; decode in fp32 \(drop the flag\)$"):
+        TranslationQKTask.setup_task(task_cfg("--cpu"))
+
+
 def test_importing_the_plugin_leaves_logging_as_it_was():
     """fairseq's import sets the root logger to DEBUG with a handler (wav2vec2_classification.py), which
     would print every library's DEBUG lines; the plugin undoes it, whatever the import order inside it."""
