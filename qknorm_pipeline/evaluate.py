@@ -7,8 +7,8 @@ usage: bash scripts/evaluate.sh [--verbose] [--checkpoint best|last] PAIR SYSTEM
            prepared with scripts/prepare.sh --src-dir
   SYSTEM   a trained run: $CKPT_DIR/PAIR/SYSTEM/checkpoint_best.pt (scripts/train.sh PAIR SYSTEM)
 Extra flags go to fairseq-generate and win over the recipe, e.g. --beam 8, or --decode-precision
-bf16 (decoding under CUDA autocast on a GPU, or on a CPU with native bf16); --decode-precision fp16
-without a GPU is refused before anything loads.
+bf16 (decoding under CUDA autocast on a GPU, or on a CPU with native bf16); a precision the machine
+cannot decode in is refused in one line before the model loads.
 
 Decodes $DATA_BIN/PAIR (test split) with the pair's decoding recipe (beam 4, max length = source
 length + 50, BPE or SentencePiece undone as $DATA_BIN/PAIR/stats.json says, the papers' length
@@ -40,7 +40,6 @@ from .fingerprint import fingerprint_of, parts
 from .names import split_seed
 from .paths import folders, shareable, short
 from .scoring.score import score_systems, write_scores
-from .train import has_gpu, last_value
 
 TAG = "evaluate"
 
@@ -97,11 +96,6 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
         raise UserError(f"no binarized data {short(data_bin)}: run bash scripts/prepare.sh --pair {pair}")
     if not os.path.isfile(ref):
         raise UserError(f"no tokenized reference {short(ref)}: run bash scripts/prepare.sh --pair {pair}")
-    if last_value(extra, "--decode-precision", "fp32") == "fp16" and ("--cpu" in extra or not has_gpu()):
-        # the plugin refuses it too, but only once fairseq-generate has loaded the model
-        raise UserError("--decode-precision fp16 needs a CUDA GPU and decoding runs on the CPU here "
-                        f"({'--cpu' if '--cpu' in extra else 'torch sees no GPU'}): decode in fp32 (drop the flag), "
-                        "or in bf16 on a CPU with bf16 kernels")
 
     # --required-batch-size-multiple 1: with fairseq's default of 8, fairseq-generate (fairseq-fixed
     # 0.12.3.1) silently drops the sentences of an incomplete last batch (24 of 30 decoded).

@@ -105,9 +105,19 @@ def decode(label, cmd, out_path, log_path, total, env=None):
             raise KeyboardInterrupt  # nothing written: the next run decodes again
         if rc == 2:
             raise _refused_flag(log_path, "fairseq-generate")
+        if rc and _plugin_refusal(log_path):
+            raise UserError(f"fairseq-generate refused: {_plugin_refusal(log_path)} (full log: {short(log_path)})")
         if rc:
             tail(log_path)
             raise UserError(f"fairseq-generate failed (exit {rc}); full log: {short(log_path)}")
+
+
+def _plugin_refusal(log_path):
+    """The plugin refuses a setting it cannot honour with a ValueError that names the fix; the
+    traceback's last line, or None."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1].removeprefix("ValueError: ") if lines and lines[-1].startswith("ValueError: ") else None
 
 
 # --- done marks -------------------------------------------------------------------------------
