@@ -86,6 +86,8 @@ def run_training(label, log_path, max_update, cmd, env=None, python_warnings="sh
         raise KeyboardInterrupt
     if rc == 2:
         raise _refused_flag(log_path, "fairseq-train")
+    if rc and _plugin_refusal(log_path):
+        raise UserError(f"fairseq-train refused: {_plugin_refusal(log_path)} (full log: {short(log_path)})")
     if rc:
         tail(log_path)
         raise UserError(f"training {label} failed (exit {rc}); full log: {short(log_path)}")
@@ -113,11 +115,17 @@ def decode(label, cmd, out_path, log_path, total, env=None):
 
 
 def _plugin_refusal(log_path):
-    """The plugin refuses a setting it cannot honour with a ValueError that names the fix; the
-    traceback's last line, or None."""
+    """The plugin refuses a setting it cannot honour with a ValueError that names the fix: that
+    message when the log ends in one raised by the plugin's own code (the traceback's last frame a
+    file of qknorm_fairseq/), else None; a ValueError from deeper down keeps the log's tail."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
         lines = [line.strip() for line in f if line.strip()]
-    return lines[-1].removeprefix("ValueError: ") if lines and lines[-1].startswith("ValueError: ") else None
+    if not lines or not lines[-1].startswith("ValueError: "):
+        return None
+    frames = [line.split('"')[1] for line in lines if line.startswith('File "')]
+    if not frames or os.path.basename(os.path.dirname(frames[-1])) != "qknorm_fairseq":  # the plugin is one flat package
+        return None
+    return lines[-1].removeprefix("ValueError: ")
 
 
 # --- done marks -------------------------------------------------------------------------------

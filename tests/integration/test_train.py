@@ -105,6 +105,19 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
         "folder away to train postnorm again"], p.stderr
 
 
+def test_a_setting_the_plugin_refuses_ends_training_with_one_line_naming_the_fix(tiny_data, tmp_path):
+    shutil.copytree(tiny_data / "bin", tmp_path / "data-bin" / "demo")
+    roots = dict(DATA_BIN=str(tmp_path / "data-bin"), CKPT_DIR=str(tmp_path / "ck"), LOG_DIR=str(tmp_path / "logs"))
+    p = _train_sh("demo", "qknorm", "--qknorm-p", "0.5", "--max-update", "2", "--num-workers", "0", **roots)
+    log = tmp_path / "logs" / "demo" / "qknorm" / "train.log"
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
+        "[train] error: fairseq-train refused: --qknorm-p 0.5: the l_p 'norm' is not a norm for p < 1; use p >= 1 "
+        f"(full log: {log})"), p.stderr[-3000:]
+    # the live display shows the error as it comes; the traceback's frames stay in the log (no tail of it)
+    assert 'File "' not in p.stderr and 'qknorm_fairseq/model.py", line' in log.read_text(), p.stderr
+    assert not (tmp_path / "ck" / "demo" / "qknorm" / "checkpoint_last.pt").exists()
+
+
 def test_seed_option_names_the_run_and_reaches_fairseq():
     out = script("train.sh", "--dry-run", "--seed", "3", "demo", "qknorm", root="/nonexistent")
     assert out.returncode == 0, out.stderr

@@ -141,3 +141,25 @@ def test_sigterm_stops_a_decoding_cleanly_as_ctrl_c_does(tmp_path):
     err = driver.stderr.read()
     assert driver.returncode == 143 and "[pipeline] terminated (SIGTERM)" in err, err
     assert not list(tmp_path.glob("generate.out*"))  # the half-written output removed, as on Ctrl-C
+
+
+def test_a_plugin_refusal_is_told_from_a_deeper_value_error(tmp_path):
+    """A ValueError raised by the plugin's own code names the fix and becomes one line; one from torch
+    or fairseq (a bug, a bad tensor) keeps the log's tail."""
+    from qknorm_pipeline.processes import _plugin_refusal
+
+    def log(frame, last):
+        path = tmp_path / "generate.log"
+        path.write_text("2026-11-29 | INFO | fairseq_cli.generate | loading\nTraceback (most recent call last):\n"
+                        '  File "/venv/bin/fairseq-generate", line 8, in <module>\n    sys.exit(cli_main())\n'
+                        f'  File "{frame}", line 121, in setup_task\n    raise ValueError(problem)\n'
+                        "    ^^^^^^^^^^^^^^^^^^^^^^^^^\n" + last + "\n\n")
+        return path
+
+    plugin, torch_file = "/work/qknorm_fairseq/task.py", "/venv/lib/python3.12/site-packages/torch/functional.py"
+    message = "--decode-precision fp16 needs a CUDA device; decode in fp32 (drop the flag)"
+    assert _plugin_refusal(log(plugin, f"ValueError: {message}")) == message
+    assert _plugin_refusal(log(torch_file, "ValueError: too many values to unpack (expected 2)")) is None
+    assert _plugin_refusal(log(plugin, "RuntimeError: shape mismatch")) is None
+    # a checkout named like the plugin, with torch in its virtual environment: torch's frame is not the plugin's
+    assert _plugin_refusal(log("/home/me/qknorm_fairseq/.venv/lib/torch/nn.py", f"ValueError: {message}")) is None
