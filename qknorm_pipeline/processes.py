@@ -84,13 +84,8 @@ def run_training(label, log_path, max_update, cmd, env=None, python_warnings="sh
         print(progress.stamp("train", f"{label} stopped by Ctrl-C; the same command resumes it from its last "
                                       f"checkpoint (log: {short(log_path)})"), file=sys.stderr, flush=True)
         raise KeyboardInterrupt
-    if rc == 2:
-        raise _refused_flag(log_path, "fairseq-train")
-    if rc and _plugin_refusal(log_path):
-        raise UserError(f"fairseq-train refused: {_plugin_refusal(log_path)} (full log: {short(log_path)})")
     if rc:
-        tail(log_path)
-        raise UserError(f"training {label} failed (exit {rc}); full log: {short(log_path)}")
+        raise _failure(rc, log_path, "fairseq-train", f"training {label}")
 
 
 def decode(label, cmd, out_path, log_path, total, env=None):
@@ -105,13 +100,20 @@ def decode(label, cmd, out_path, log_path, total, env=None):
             signal.signal(signal.SIGINT, old)
         if _stopped_by_ctrl_c(rc):
             raise KeyboardInterrupt  # nothing written: the next run decodes again
-        if rc == 2:
-            raise _refused_flag(log_path, "fairseq-generate")
-        if rc and _plugin_refusal(log_path):
-            raise UserError(f"fairseq-generate refused: {_plugin_refusal(log_path)} (full log: {short(log_path)})")
         if rc:
-            tail(log_path)
-            raise UserError(f"fairseq-generate failed (exit {rc}); full log: {short(log_path)}")
+            raise _failure(rc, log_path, "fairseq-generate", "fairseq-generate")
+
+
+def _failure(rc, log_path, program, what):
+    """The error for PROGRAM's exit RC (not 0): its flag refused by fairseq's parser (exit 2) or a
+    setting refused by the plugin, in one line; otherwise the log's tail is shown and WHAT failed."""
+    if rc == 2:
+        return _refused_flag(log_path, program)
+    refusal = _plugin_refusal(log_path)
+    if refusal:
+        return UserError(f"{program} refused: {refusal} (full log: {short(log_path)})")
+    tail(log_path)
+    return UserError(f"{what} failed (exit {rc}); full log: {short(log_path)}")
 
 
 def _plugin_refusal(log_path):
