@@ -85,7 +85,7 @@ def run_training(label, log_path, max_update, cmd, env=None, python_warnings="sh
                                       f"checkpoint (log: {short(log_path)})"), file=sys.stderr, flush=True)
         raise KeyboardInterrupt
     if rc:
-        raise _failure(rc, log_path, "fairseq-train", f"training {label}")
+        raise _failure(rc, log_path, "fairseq-train", label, "training")
 
 
 def decode(label, cmd, out_path, log_path, total, env=None):
@@ -101,19 +101,20 @@ def decode(label, cmd, out_path, log_path, total, env=None):
         if _stopped_by_ctrl_c(rc):
             raise KeyboardInterrupt  # nothing written: the next run decodes again
         if rc:
-            raise _failure(rc, log_path, "fairseq-generate", "fairseq-generate")
+            raise _failure(rc, log_path, "fairseq-generate", label, "decoding")
 
 
-def _failure(rc, log_path, program, what):
-    """The error for PROGRAM's exit RC (not 0): its flag refused by fairseq's parser (exit 2) or a
-    setting refused by the plugin, in one line; otherwise the log's tail is shown and WHAT failed."""
+def _failure(rc, log_path, program, label, doing):
+    """The error for PROGRAM's exit RC (not 0) while DOING run LABEL: its flag refused by fairseq's
+    parser (exit 2) or a setting refused by the plugin, in one line; otherwise the log's tail is
+    shown."""
     if rc == 2:
         return _refused_flag(log_path, program)
     refusal = _plugin_refusal(log_path)
     if refusal:
-        return UserError(f"{program} refused: {refusal} (full log: {short(log_path)})")
+        return UserError(f"{program} refused {label}: {refusal} (full log: {short(log_path)})")
     tail(log_path)
-    return UserError(f"{what} failed (exit {rc}); full log: {short(log_path)}")
+    return UserError(f"{doing} {label} failed (exit {rc}); full log: {short(log_path)}")
 
 
 def _plugin_refusal(log_path):

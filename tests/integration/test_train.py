@@ -111,7 +111,7 @@ def test_a_setting_the_plugin_refuses_ends_training_with_one_line_naming_the_fix
     p = _train_sh("demo", "qknorm", "--qknorm-p", "0.5", "--max-update", "2", "--num-workers", "0", **roots)
     log = tmp_path / "logs" / "demo" / "qknorm" / "train.log"
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
-        "[train] error: fairseq-train refused: --qknorm-p 0.5: the l_p 'norm' is not a norm for p < 1; use p >= 1 "
+        "[train] error: fairseq-train refused demo/qknorm: --qknorm-p 0.5: the l_p 'norm' is not a norm for p < 1; use p >= 1 "
         f"(full log: {log})"), p.stderr[-3000:]
     # the live display shows the error as it comes; the traceback's frames stay in the log (no tail of it)
     assert 'File "' not in p.stderr and 'qknorm_fairseq/model.py", line' in log.read_text(), p.stderr

@@ -315,7 +315,7 @@ def test_evaluate_sh_refuses_fp16_decoding_on_a_cpu_in_one_line_before_the_model
                              "bf16", "--cpu", "--decode-precision=fp16"],  # the last value wins, as in fairseq
                             env=environment(tiny_pipeline), capture_output=True, text=True)
     assert forced.returncode == 1 and forced.stderr.strip().splitlines()[-1] == (
-        "[evaluate] error: fairseq-generate refused: --decode-precision fp16 needs a CUDA device; decode in fp32 "
+        "[evaluate] error: fairseq-generate refused demo/postnorm: --decode-precision fp16 needs a CUDA device; decode in fp32 "
         f"(drop the flag) (full log: {result / 'generate.log'})"), forced.stderr
     assert "Traceback" not in forced.stderr and "Model file" not in (result / "generate.log").read_text()
     # nothing decoded, nothing lost; generate.log is the latest attempt's

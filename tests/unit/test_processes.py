@@ -163,3 +163,23 @@ def test_a_plugin_refusal_is_told_from_a_deeper_value_error(tmp_path):
     assert _plugin_refusal(log(plugin, "RuntimeError: shape mismatch")) is None
     # a checkout named like the plugin, with torch in its virtual environment: torch's frame is not the plugin's
     assert _plugin_refusal(log("/home/me/qknorm_fairseq/.venv/lib/torch/nn.py", f"ValueError: {message}")) is None
+
+
+def test_a_failed_training_or_decoding_names_its_run_and_its_log(tmp_path, capsys):
+    from qknorm_pipeline import processes
+    from qknorm_pipeline.cli import UserError
+
+    crash = [sys.executable, "-c", "import sys; print('one last line', flush=True); sys.exit(3)"]
+    log = tmp_path / "train.log"
+    with pytest.raises(UserError) as failed:
+        processes.run_training("gl-en/run", str(log), 10, crash)
+    assert str(failed.value) == f"training gl-en/run failed (exit 3); full log: {log}"
+    assert "one last line" in capsys.readouterr().err  # the log's tail, shown
+    # the plugin's refusal, on fairseq-generate's stderr: one line, the run named
+    refuse = [sys.executable, "-c", "import sys; sys.stderr.write('Traceback (most recent call last):\\n"
+              "  File \"/x/qknorm_fairseq/task.py\", line 9, in setup_task\\nValueError: use p >= 1\\n'); sys.exit(1)"]
+    log = tmp_path / "generate.log"
+    with pytest.raises(UserError) as refused:
+        processes.decode("gl-en/run", refuse, str(tmp_path / "generate.out"), str(log), total=5)
+    assert str(refused.value) == f"fairseq-generate refused gl-en/run: use p >= 1 (full log: {log})"
+    assert not list(tmp_path.glob("generate.out*"))
