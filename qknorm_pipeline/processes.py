@@ -58,12 +58,11 @@ def _stopped_by_ctrl_c(rc):
     return rc in (-signal.SIGINT, 128 + signal.SIGINT)
 
 
-def _refused_flag(log_path, program):
+def _refused_flag(log_path):
     """fairseq's own one-line message when its argument parser refused a flag (exit 2)."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
         errors = [line for line in f if re.search(r"(^|: )error: ", line)]
-    message = errors[-1].strip().split("error: ", 1)[-1] if errors else "a flag was refused"
-    return UsageError(f"{program}: {message} (full output: {short(log_path)})")
+    return errors[-1].strip().split("error: ", 1)[-1] if errors else "a flag was refused"
 
 
 def run_training(label, log_path, max_update, cmd, env=None, python_warnings="show"):
@@ -109,7 +108,7 @@ def _failure(rc, log_path, program, label, doing):
     parser (exit 2) or a setting refused by the plugin, in one line; otherwise the log's tail is
     shown."""
     if rc == 2:
-        return _refused_flag(log_path, program)
+        return UsageError(f"{program} refused {label}: {_refused_flag(log_path)} (full log: {short(log_path)})")
     refusal = _plugin_refusal(log_path)
     if refusal:
         return UserError(f"{program} refused {label}: {refusal} (full log: {short(log_path)})")
