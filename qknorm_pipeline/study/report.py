@@ -454,8 +454,23 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
                      f"{v['log']['updates'] / max(v['log']['wall_s'], 1e-9):.2f} |")
     total = sum(v["log"]["wall_s"] for v in found.values()) / 60
     lines += ["", f"Total training time: {total:.1f} min over {len(found)} runs (from the logs' timestamps; "
-              "validation included, test decoding not).", ""]
+              "validation included, test decoding not).", ""] + speed_text(found)
     return "\n".join(lines)
+
+
+def speed_text(found):
+    """Our runs' mean updates/s against the stock rows', each run weighed alike; nothing without both."""
+    ups = {True: [], False: []}
+    for v in found.values():
+        ups[v["run"].stock].append(v["log"]["updates"] / max(v["log"]["wall_s"], 1e-9))
+    if not ups[True] or not ups[False]:
+        return []
+    ours, stock = (sum(u) / len(u) for u in (ups[False], ups[True]))
+    n_ours, n_stock = (f"{len(u)} run{'s' * (len(u) != 1)}" for u in (ups[False], ups[True]))
+    return [f"Mean speed over the runs: ours {ours:.3f} updates/s ({n_ours}), stock fairseq {stock:.3f} "
+            f"({n_stock}): ours at {ours / stock:.2f}× stock's. A rough ratio: the runs trained one at a time, "
+            "in sessions that may have had different machines; `bash scripts/benchmark.sh fairseq-train` measures it "
+            "side by side.", ""]
 
 
 def write(cfg, chosen, where, records_dir, max_update=None, command=None):

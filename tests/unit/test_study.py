@@ -491,6 +491,25 @@ def test_report_tests_the_papers_claims_as_a_holm_family(tmp_path):
     assert "Paper C" not in text
 
 
+def test_report_compares_our_speed_with_the_stock_rows_run_by_run(tmp_path):
+    cfg = config.load(NORM)
+    cfg.lr_grid = [1e-3]
+    cfg.budget.max_update = 20
+    # 20 updates each: ours in 10 and 15 min, stock in 8 min
+    runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5), "qknorm_lr1e-3": (900, [2.0, 3.0], 0.2),
+            "fairseq_transformer_lr1e-3": (480, [1.0, 2.5], 0.4)}
+    where, records_dir, refs, hyps = _records(tmp_path, runs)
+    chosen = config.runs(cfg, ["postnorm", "qknorm", "fairseq_transformer"], seeds=1)
+    text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
+    ours, stock = (20 / 600 + 20 / 900) / 2, 20 / 480
+    assert (f"Mean speed over the runs: ours {ours:.3f} updates/s (2 runs), stock fairseq {stock:.3f} (1 run): "
+            f"ours at {ours / stock:.2f}× stock's.") in text
+    # without a stock run there is nothing to compare
+    text = open(report.write(cfg, config.runs(cfg, ["postnorm", "qknorm"], seeds=1), where, records_dir,
+                             command=["bash", "scripts/study.sh", "--report-only"])).read()
+    assert "Mean speed" not in text
+
+
 def test_a_claim_must_name_systems_of_the_study(tmp_path):
     bad = tmp_path / "bad.yaml"
     layer = yaml.safe_load(open(NORM))
