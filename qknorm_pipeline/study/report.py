@@ -14,7 +14,8 @@ in this order:
 - The papers' claims of the config (claims:), tested alike as a family of their own: supported,
   contradicted or not resolved.
 - Where each run's best dev BLEU fell (before its last validation, or still improving).
-- Training wall time per run and the dev-BLEU curves.
+- Training wall time per run, our runs' mean updates/s against the stock rows', and the dev-BLEU
+  curves.
 """
 import json
 import math
