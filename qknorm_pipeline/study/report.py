@@ -451,19 +451,22 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
                      f"{per_seed(r['wall_per_seed'], 1)} | {sum(ups) / len(ups):.2f} |")
     extra = [v for v in found.values() if not v["main"]]
     for v in extra:
-        lines.append(f"| {v['run'].name} | {v['log']['updates']} | {v['log']['wall_s'] / 60:.1f} | "
-                     f"{v['log']['updates'] / max(v['log']['wall_s'], 1e-9):.2f} |")
+        lines.append(f"| {v['run'].name} | {v['log']['updates']} | {v['log']['wall_s'] / 60:.1f} | {updates_per_s(v['log']):.2f} |")
     total = sum(v["log"]["wall_s"] for v in found.values()) / 60
     lines += ["", f"Total training time: {total:.1f} min over {len(found)} runs (from the logs' timestamps; "
               "validation included, test decoding not).", ""] + speed_text(found)
     return "\n".join(lines)
 
 
+def updates_per_s(log):
+    return log["updates"] / max(log["wall_s"], 1e-9)
+
+
 def speed_text(found):
     """Our runs' mean updates/s against the stock rows', each run weighed alike; nothing without both."""
     ups = {True: [], False: []}
     for v in found.values():
-        ups[v["run"].stock].append(v["log"]["updates"] / max(v["log"]["wall_s"], 1e-9))
+        ups[v["run"].stock].append(updates_per_s(v["log"]))
     if not ups[True] or not ups[False]:
         return []
     ours, stock = (sum(u) / len(u) for u in (ups[False], ups[True]))
