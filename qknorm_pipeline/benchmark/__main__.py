@@ -3,6 +3,7 @@
 usage: bash scripts/benchmark.sh [speed] [--reps N] [--dim D] [--layers L] [speed flags...]
        bash scripts/benchmark.sh kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
        bash scripts/benchmark.sh fairseq-train [--pair gl-en] [--systems qknorm fairseq_transformer] [--label L]
+       bash scripts/benchmark.sh validation [--pair gl-en] [--checkpoint PT] [--max-tokens-valid 4096 32768]
        bash scripts/benchmark.sh --convergence [scripts/study.sh flags...]
        (python -m qknorm_pipeline.benchmark takes the same arguments)
 
@@ -13,6 +14,9 @@ thread, small dimensions, a few minutes); with a CUDA device: GPU + bf16 (fairse
 --dim 512 --layers 6 --heads 8). Writes $RESULTS_DIR/benchmark.{md,json}.
 fairseq-train: real fairseq-train updates/s of a prepared pair's recipe against stock fairseq,
 appended to results/gpu/throughput.json (results/throughput-cpu.json on a CPU).
+validation: fairseq-train's dev-set decoding (its validation) at several --max-tokens-valid values:
+batches, decoder steps, seconds, dev BLEU; appended to results/gpu/validation.json
+(results/validation-cpu.json on a CPU).
 --convergence: the real-data study on TED gl->en (scripts/study.sh; see its --help).
 Exit status: 0 ok, 2 a usage error, 1 a failure.
 """
@@ -23,17 +27,18 @@ from ..cli import Parser, prog
 from ..cli import main as run_main
 from ..paths import folders
 
-TOOLS = ("speed", "kernels", "fairseq-train")
+TOOLS = ("speed", "kernels", "fairseq-train", "validation")
 POSITIVE = ("dim", "layers", "heads", "batch", "src_len", "tgt_len", "train_steps", "decode_batches", "beam", "reps",
             "vocab", "tokens", "iters", "updates", "log_interval", "threads")
 
 
 def parser():
-    from . import kernels, speed, throughput
+    from . import kernels, speed, throughput, validation
 
     p = Parser(prog=prog("qknorm_pipeline.benchmark"), tag="benchmark", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    for name, tool in (("speed", speed), ("kernels", kernels), ("fairseq-train", throughput)):
+    for name, tool in (("speed", speed), ("kernels", kernels), ("fairseq-train", throughput),
+                       ("validation", validation)):
         tool.add_arguments(sub.add_parser(name, help=tool.HELP, description=tool.__doc__))
     return p
 
@@ -41,7 +46,7 @@ def parser():
 def run(opts):
     import torch
 
-    from . import kernels, speed, throughput
+    from . import kernels, speed, throughput, validation
 
     error = parser()._subparsers._group_actions[0].choices[opts.cmd].error
     for k in POSITIVE:
@@ -49,6 +54,8 @@ def run(opts):
             error(f"--{k.replace('_', '-')} must be >= 1")
     if opts.cmd == "fairseq-train":
         return throughput.run(opts)
+    if opts.cmd == "validation":
+        return validation.run(opts)
     if opts.dim % opts.heads:
         error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
     if opts.cmd == "kernels" and min(opts.p) < 1:

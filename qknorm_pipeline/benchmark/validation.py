@@ -1,0 +1,202 @@
+"""fairseq-train's validation, timed at several validation batch sizes (--max-tokens-valid).
+
+Our recipes validate by decoding the dev set (fairseq's --eval-bleu, the recipe's beam search) every
+epoch of N updates. On a GPU that decoding is host-bound: each decoder step costs about the same
+host time whatever its batch, so a validation's time follows its number of decoder steps (one per
+output position of each batch), which larger batches cut. This tool decodes the dev set exactly as
+fairseq-train's validation does (the task's valid_step over fairseq's valid iterator) once per
+--max-tokens-valid value, the values alternating --reps times, and prints for each: batches,
+decoder calls (one per batch for the loss, one per search step), seconds, sentences/s, dev BLEU
+(batches differ only in padding, so BLEU agrees up to rounding), the time against the first
+value's, and how many dev sentences the validation scored: fairseq (0.12, --required-batch-size-
+multiple 8, its default) leaves out an incomplete last batch, i.e. the longest dev sentences
+(fairseq issue #5036; docs/training.md, "Dev BLEU").
+
+The model: with --checkpoint, the run's own (its model, task and validation settings as stored in
+the checkpoint); without, the pair recipe's SYSTEM as train.sh builds it, untrained (seeded), so
+every hypothesis runs to its length limit: the slowest case, which the start of training resembles.
+Records are appended to --out (default results/gpu/validation.json on a GPU,
+results/validation-cpu.json on a CPU). `train.sh PAIR SYSTEM --max-tokens-valid N` trains with a
+value this tool has measured.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+from datetime import datetime
+
+from .. import train as train_step
+from ..cli import UserError, log
+from ..files import write_atomic
+from ..paths import USER_DIR, cpu_name, folders, shareable
+from .throughput import old_records
+
+HELP = "fairseq-train's dev-set decoding at several --max-tokens-valid values (writes validation.json)"
+DROPPED = {"--cpu": 0, "--bf16": 0, "--fp16": 0, "--log-format": 1, "--log-file": 1}  # flag: values it takes
+
+
+def recipe_args(opts):
+    """fairseq-train's arguments of the pair recipe's SYSTEM (train.sh's), without device, precision
+    and logging flags: this tool sets the device and precision itself."""
+    args = train_step.plan(opts.pair, opts.system, train_step.Options(extra=list(opts.extra)), check=False).fairseq_args
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in DROPPED:
+            i += 1 + DROPPED[args[i]]
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def build(opts, device):
+    """(task, model, criterion, fairseq cfg) of the checkpoint, or of the recipe untrained."""
+    import torch
+    from fairseq import checkpoint_utils, options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    if opts.checkpoint:
+        if not os.path.isfile(opts.checkpoint):
+            raise UserError(f"--checkpoint {opts.checkpoint}: no such file; name a checkpoint_*.pt of a run")
+        utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([opts.checkpoint])
+        model = models[0]
+    else:
+        args = recipe_args(opts)
+        cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args))
+        task = tasks.setup_task(cfg.task)
+        torch.manual_seed(cfg.common.seed)
+        model = task.build_model(cfg.model)
+    if not getattr(cfg.task, "eval_bleu", False):
+        raise UserError(f"{opts.checkpoint or opts.system}: its validation does not decode (no --eval-bleu), so "
+                        "there is nothing to time; use a run of a recipe that validates by dev BLEU")
+    task.load_dataset(opts.subset)
+    criterion = task.build_criterion(cfg.criterion)
+    model = model.to(device)
+    if opts.precision == "bf16":
+        model = model.bfloat16()
+    elif opts.precision == "fp16":
+        model = model.half()
+    model.eval()
+    return task, model, criterion, cfg
+
+
+def count_decoder_calls(model):
+    """A list whose first item counts the decoder's forward calls (one per step of a beam search)."""
+    steps = [0]
+    forward = model.decoder.forward
+
+    def counted(*args, **kwargs):
+        steps[0] += 1
+        return forward(*args, **kwargs)
+
+    model.decoder.forward = counted
+    return steps
+
+
+def validate_once(task, model, criterion, cfg, max_tokens, subset, device, steps):
+    """One pass of fairseq-train's validation over SUBSET in batches of at most MAX_TOKENS tokens:
+    {batches, decoder_calls, seconds, sentences, of_sentences, bleu}."""
+    import torch
+    from fairseq import utils
+    from sacrebleu.metrics import BLEU
+
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(subset), max_tokens=max_tokens, max_sentences=cfg.dataset.batch_size_valid,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple, seed=cfg.common.seed,
+        num_workers=0, disable_iterator_cache=True).next_epoch_itr(shuffle=False)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    logs, batches, steps[0] = [], 0, 0
+    sync()
+    start = time.perf_counter()
+    for sample in itr:
+        if device == "cuda":
+            sample = utils.move_to_cuda(sample)
+        logs.append(task.valid_step(sample, model, criterion)[2])
+        batches += 1
+    sync()
+    seconds = time.perf_counter() - start
+    total = {k: sum(log_[k] for log_ in logs) for k in logs[0] if k.startswith("_bleu_") or k == "nsentences"}
+    bleu = BLEU.compute_bleu(correct=[total[f"_bleu_counts_{i}"] for i in range(4)],
+                             total=[total[f"_bleu_totals_{i}"] for i in range(4)],
+                             sys_len=total["_bleu_sys_len"], ref_len=total["_bleu_ref_len"], smooth_method="exp").score
+    return {"batches": batches, "decoder_calls": steps[0], "seconds": seconds, "sentences": int(total["nsentences"]),
+            "of_sentences": len(task.dataset(subset)), "bleu": bleu}
+
+
+def run(opts):
+    import torch
+
+    if min(opts.max_tokens_valid) < 1:
+        raise UserError(f"--max-tokens-valid {min(opts.max_tokens_valid)}: a batch holds at least 1 token")
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    opts.precision = opts.precision or ("bf16" if gpu else "fp32")
+    if not gpu:
+        train_step.check_cpu_precision(opts.precision)
+    name = torch.cuda.get_device_name(0) if gpu else f"{cpu_name()} ({os.cpu_count()} cores)"
+    out = opts.out or os.path.join(folders().results, "gpu/validation.json" if gpu else "validation-cpu.json")
+    old_records(out)  # a file the records cannot be appended to is refused before the measuring
+    task, model, criterion, cfg = build(opts, device)
+    dataset = task.dataset(opts.subset)
+    longest = int(max(dataset.num_tokens(i) for i in range(len(dataset))))
+    if min(opts.max_tokens_valid) < longest:
+        raise UserError(f"--max-tokens-valid {min(opts.max_tokens_valid)}: the longest {opts.subset} sentence has "
+                        f"{longest} tokens, and fairseq would leave out every sentence longer than a batch; "
+                        f"use at least {longest}")
+    steps = count_decoder_calls(model)
+    found = {mt: [] for mt in opts.max_tokens_valid}
+    for rep in range(1, opts.reps + 1):
+        for mt in opts.max_tokens_valid:
+            r = validate_once(task, model, criterion, cfg, mt, opts.subset, device, steps)
+            found[mt].append(r)
+            log("benchmark", f"rep {rep}/{opts.reps} --max-tokens-valid {mt}: {r['batches']} batches, "
+                             f"{r['decoder_calls']} decoder calls, {r['seconds']:.1f} s, BLEU {r['bleu']:.2f} "
+                             f"({r['sentences']} of {r['of_sentences']} sentences)")
+    date = datetime.now().astimezone().isoformat(timespec="seconds")
+    model_name = shareable(opts.checkpoint) if opts.checkpoint else f"{opts.system} untrained (seed {cfg.common.seed})"
+    flags = {} if opts.checkpoint else {"flags": list(opts.extra)}
+    records = [{"pair": opts.pair, "model": model_name, **flags, "subset": opts.subset, "max_tokens_valid": mt, **r,
+                "sentences_per_s": r["sentences"] / r["seconds"], "rep": i + 1, "device": name,
+                "precision": opts.precision, "label": opts.label, "date": date}
+               for mt, rs in found.items() for i, r in enumerate(rs)]
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    write_atomic(out, json.dumps(old_records(out) + records, indent=1) + "\n")
+    print(table(found, opts.reps))
+    print(f"\n{opts.pair} {opts.subset}, {model_name}, {opts.precision}, {name}; appended to {shareable(out)}")
+    return records
+
+
+def table(found, reps):
+    """A row per --max-tokens-valid value: the first repetition's counts, the median seconds."""
+    first = statistics.median(r["seconds"] for r in next(iter(found.values())))
+    lines = [f"| --max-tokens-valid | batches | decoder calls | seconds (median of {reps}) | sentences/s | dev BLEU "
+             "| sentences scored | time vs the first |", "|---|---|---|---|---|---|---|---|"]
+    for mt, rs in found.items():
+        s = statistics.median(r["seconds"] for r in rs)
+        lines.append(f"| {mt} | {rs[0]['batches']} | {rs[0]['decoder_calls']} | {s:.2f} | "
+                     f"{rs[0]['sentences'] / s:.1f} | {rs[0]['bleu']:.2f} | {rs[0]['sentences']} of "
+                     f"{rs[0]['of_sentences']} | {s / first:.2f} |")
+    return "\n".join(lines)
+
+
+def add_arguments(s):
+    s.add_argument("--pair", default="gl-en", help="a prepared pair (default gl-en)")
+    s.add_argument("--system", default="scalenorm", help="the recipe's system, used without --checkpoint "
+                                                         "(default scalenorm)")
+    s.add_argument("--checkpoint", help="a run's checkpoint: its own model and validation settings (default: "
+                                        "the recipe's SYSTEM, untrained)")
+    s.add_argument("--max-tokens-valid", type=int, nargs="+", default=[4096, 32768],
+                   help="validation batch sizes in tokens, the first the reference (default 4096 32768; "
+                        "the recipes' --max-tokens is 4096, fairseq's default for --max-tokens-valid)")
+    s.add_argument("--subset", default="valid", help="the split to decode (default valid, the dev set)")
+    s.add_argument("--reps", type=int, default=1, help="alternating repetitions of every value (default 1)")
+    s.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="the model's precision, as training validates (default bf16 on a GPU, fp32 on a CPU)")
+    s.add_argument("--label", default="", help="a note stored with the records")
+    s.add_argument("--out", help="the JSON file the records are appended to")
+    s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for the untrained "
+                                                        "recipe model (e.g. a smaller model)")

@@ -1,0 +1,39 @@
+"""`bash scripts/benchmark.sh validation`: fairseq-train's validation (dev-set decoding) timed at
+several validation batch sizes, on the tiny pipeline's trained checkpoint (CPU)."""
+import json
+
+import torch
+
+from helpers import script
+
+
+def test_validation_is_timed_at_each_batch_size_and_reproduces_fairseq_trains_dev_bleu(tiny_pipeline, tmp_path):
+    ckpt = tiny_pipeline / "checkpoints" / "demo" / "postnorm" / "checkpoint_best.pt"
+    out = tmp_path / "validation.json"
+    p = script("benchmark.sh", "validation", "--pair", "demo", "--checkpoint", str(ckpt), "--max-tokens-valid",
+               "512", "80", "64", "--reps", "2", "--label", "test", "--out", str(out), root=tiny_pipeline)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = json.loads(out.read_text())
+    assert [(r["max_tokens_valid"], r["rep"]) for r in recs] == [(512, 1), (512, 2), (80, 1), (80, 2), (64, 1), (64, 2)]
+    as_trained, small, short = recs[0], recs[2], recs[4]
+    # 512 tokens is the batch fairseq-train validated with (its --max-tokens): the dev BLEU it stored
+    # with this checkpoint (fairseq keeps the best-checkpoint metric, rounded to 2 decimals, as
+    # extra_state val_loss)
+    stored = torch.load(ckpt, map_location="cpu", weights_only=False)["extra_state"]["val_loss"]
+    assert round(as_trained["bleu"], 2) == stored, (as_trained["bleu"], stored)
+    # smaller batches: more of them and more decoder calls, the same sentences and translations
+    assert small["batches"] > as_trained["batches"] and small["decoder_calls"] > as_trained["decoder_calls"]
+    assert small["sentences"] == as_trained["sentences"] == 40 and abs(small["bleu"] - as_trained["bleu"]) < 1e-6
+    # fairseq's batches hold a multiple of 8 sentences and an incomplete last batch is left out: at 64
+    # tokens the 40 dev sentences make batches of 8, 8, 8, 8, 7 and 1, so the longest is not scored
+    assert (short["sentences"], short["of_sentences"]) == (39, 40) and "| 39 of 40 |" in p.stdout
+    assert all(r["decoder_calls"] >= r["batches"] and r["seconds"] > 0 for r in recs)
+    assert as_trained["model"].endswith("checkpoint_best.pt") and as_trained["label"] == "test"
+    assert "| 64 |" in p.stdout and "| 512 |" in p.stdout and "time vs the first" in p.stdout
+    # refused in one line, nothing appended
+    for argv, says in ((["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
+                       (["--max-tokens-valid", "0"], "a batch holds at least 1 token"),
+                       (["--checkpoint", str(ckpt), "--max-tokens-valid", "512", "8"], "use at least ")):
+        bad = script("benchmark.sh", "validation", "--pair", "demo", *argv, "--out", str(out), root=tiny_pipeline)
+        assert bad.returncode != 0 and says in bad.stderr.strip().splitlines()[-1], bad.stderr[-2000:]
+    assert len(json.loads(out.read_text())) == 6
