@@ -13,7 +13,7 @@ multiple 8, its default) leaves out an incomplete last batch, i.e. the longest d
 (fairseq issue #5036; docs/training.md, "Dev BLEU").
 
 The model: with --checkpoint, the run's own (its model, task and validation settings as stored in
-the checkpoint); without, the pair recipe's SYSTEM as train.sh builds it, untrained (seeded), so
+the checkpoint, on --pair's prepared data); without, the pair recipe's SYSTEM as train.sh builds it, untrained (seeded), so
 every hypothesis runs to its length limit: the slowest case, which the start of training resembles.
 Records are appended to --out (default results/gpu/validation.json on a GPU,
 results/validation-cpu.json on a CPU). `train.sh PAIR SYSTEM --max-tokens-valid N` trains with a
@@ -60,7 +60,11 @@ def build(opts, device):
         if not os.path.isfile(opts.checkpoint):
             raise UserError(f"--checkpoint {opts.checkpoint}: no such file; name a checkpoint_*.pt of a run")
         utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([opts.checkpoint])
+        data_bin = os.path.join(folders().data_bin, opts.pair)
+        if not os.path.isdir(data_bin):
+            raise UserError(f"no prepared data in {shareable(data_bin)}: bash scripts/prepare.sh {opts.pair} first")
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([opts.checkpoint],
+                                                                          arg_overrides={"data": data_bin})
         model = models[0]
     else:
         args = recipe_args(opts)

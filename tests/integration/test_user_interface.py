@@ -20,7 +20,7 @@ DOORS = {os.path.basename(p): m for p in SCRIPTS for m in re.findall(r"^door (qk
 # python -m entry points, with their sub-commands
 MODULES = {"recipes": ["get", "train-args", "generate-args", "systems", "schedules"],
            "scoring": [], "scoring.compare": [], "plots": ["dev-bleu", "grad-norm", "scales", "attention"],
-           "data.demo": [], "benchmark": ["speed", "kernels", "fairseq-train"], "precision_check": [],
+           "data.demo": [], "benchmark": ["speed", "kernels", "fairseq-train", "validation"], "precision_check": [],
            "fingerprint": [], "study": [], "ablation": [], "train": [], "evaluate": [], "prepare": [], "download": [],
            "reproduce": []}
 
