@@ -15,7 +15,7 @@ thread, small dimensions, a few minutes); with a CUDA device: GPU + bf16 (fairse
 fairseq-train: real fairseq-train updates/s of a prepared pair's recipe against stock fairseq,
 appended to results/gpu/throughput.json (results/throughput-cpu.json on a CPU).
 validation: fairseq-train's dev-set decoding (its validation) at several --max-tokens-valid values:
-batches, decoder steps, seconds, dev BLEU; appended to results/gpu/validation.json
+batches, decoder calls, seconds, dev BLEU, sentences scored; appended to results/gpu/validation.json
 (results/validation-cpu.json on a CPU).
 --convergence: the real-data study on TED gl->en (scripts/study.sh; see its --help).
 Exit status: 0 ok, 2 a usage error, 1 a failure.

@@ -129,6 +129,13 @@ def old_records(out):
     return read_json(out, "repair it or name another file with --out", kind=list)
 
 
+def device_name(gpu):
+    """The machine a record was measured on: the GPU's name, or the CPU's with its core count."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if gpu else f"{cpu_name()} ({os.cpu_count()} cores)"
+
+
 def default_precisions(gpu):
     if gpu:
         return ["bf16"]
@@ -143,7 +150,7 @@ def run(opts):
     if not opts.gpu:
         for precision in opts.precisions:
             train_step.check_cpu_precision(precision)
-    device = torch.cuda.get_device_name(0) if opts.gpu else f"{cpu_name()} ({os.cpu_count()} cores)"
+    device = device_name(opts.gpu)
     out = opts.out or os.path.join(folders().results, "gpu/throughput.json" if opts.gpu else "throughput-cpu.json")
     if opts.warmup >= opts.updates:
         raise UserError(f"--warmup {opts.warmup} must be below --updates {opts.updates}")

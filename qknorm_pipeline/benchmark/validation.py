@@ -1,14 +1,14 @@
 """fairseq-train's validation, timed at several validation batch sizes (--max-tokens-valid).
 
 Our recipes validate by decoding the dev set (fairseq's --eval-bleu, the recipe's beam search) every
-epoch of N updates. On a GPU that decoding is host-bound: each decoder step costs about the same
-host time whatever its batch, so a validation's time follows its number of decoder steps (one per
-output position of each batch), which larger batches cut. This tool decodes the dev set exactly as
-fairseq-train's validation does (the task's valid_step over fairseq's valid iterator) once per
---max-tokens-valid value, the values alternating --reps times, and prints for each: batches,
-decoder calls (one per batch for the loss, one per search step), seconds, sentences/s, dev BLEU
-(batches differ only in padding, so BLEU agrees up to rounding), the time against the first
-value's, and how many dev sentences the validation scored: fairseq (0.12, --required-batch-size-
+epoch of N updates. On a GPU that decoding is host-bound: each decoder call costs about the same
+host time whatever its batch, so a validation's time follows its number of decoder calls (one per
+batch for the loss, one per step of the search), which larger batches cut. This tool runs
+fairseq-train's validation (the task's valid_step over fairseq's valid iterator, its BLEU from the
+task's reduce_metrics) once per --max-tokens-valid value, the values alternating --reps times, and
+prints for each: batches, decoder calls, seconds, sentences/s, dev BLEU (batches differ only in
+padding, so BLEU agrees up to rounding), the time against the first value's, and how many dev
+sentences the validation scored: fairseq (0.12, --required-batch-size-
 multiple 8, its default) leaves out an incomplete last batch, i.e. the longest dev sentences
 (fairseq issue #5036; docs/training.md, "Dev BLEU").
 
@@ -22,6 +22,7 @@ value this tool has measured.
 import argparse
 import json
 import os
+import shlex
 import statistics
 import time
 from datetime import datetime
@@ -29,8 +30,9 @@ from datetime import datetime
 from .. import train as train_step
 from ..cli import UserError, log
 from ..files import write_atomic
-from ..paths import USER_DIR, cpu_name, folders, shareable
-from .throughput import old_records
+from ..paths import USER_DIR, folders, shareable
+from ..recipes import PRECISIONS
+from .throughput import device_name, old_records
 
 HELP = "fairseq-train's dev-set decoding at several --max-tokens-valid values (writes validation.json)"
 DROPPED = {"--cpu": 0, "--bf16": 0, "--fp16": 0, "--log-format": 1, "--log-file": 1}  # flag: values it takes
@@ -87,7 +89,7 @@ def build(opts, device):
 
 
 def count_decoder_calls(model):
-    """A list whose first item counts the decoder's forward calls (one per step of a beam search)."""
+    """A list whose first item counts the decoder's forward calls."""
     steps = [0]
     forward = model.decoder.forward
 
@@ -103,8 +105,7 @@ def validate_once(task, model, criterion, cfg, max_tokens, subset, device, steps
     """One pass of fairseq-train's validation over SUBSET in batches of at most MAX_TOKENS tokens:
     {batches, decoder_calls, seconds, sentences, of_sentences, bleu}."""
     import torch
-    from fairseq import utils
-    from sacrebleu.metrics import BLEU
+    from fairseq import metrics, utils
 
     itr = task.get_batch_iterator(
         dataset=task.dataset(subset), max_tokens=max_tokens, max_sentences=cfg.dataset.batch_size_valid,
@@ -123,12 +124,12 @@ def validate_once(task, model, criterion, cfg, max_tokens, subset, device, steps
         batches += 1
     sync()
     seconds = time.perf_counter() - start
-    total = {k: sum(log_[k] for log_ in logs) for k in logs[0] if k.startswith("_bleu_") or k == "nsentences"}
-    bleu = BLEU.compute_bleu(correct=[total[f"_bleu_counts_{i}"] for i in range(4)],
-                             total=[total[f"_bleu_totals_{i}"] for i in range(4)],
-                             sys_len=total["_bleu_sys_len"], ref_len=total["_bleu_ref_len"], smooth_method="exp").score
-    return {"batches": batches, "decoder_calls": steps[0], "seconds": seconds, "sentences": int(total["nsentences"]),
-            "of_sentences": len(task.dataset(subset)), "bleu": bleu}
+    with metrics.aggregate(new_root=True) as agg:
+        task.reduce_metrics(logs, criterion)
+        bleu = agg.get_smoothed_values()["bleu"]  # fairseq's, rounded to 2 decimals
+    return {"batches": batches, "decoder_calls": steps[0], "seconds": seconds,
+            "sentences": sum(int(log_["nsentences"]) for log_ in logs), "of_sentences": len(task.dataset(subset)),
+            "bleu": bleu}
 
 
 def run(opts):
@@ -141,7 +142,7 @@ def run(opts):
     opts.precision = opts.precision or ("bf16" if gpu else "fp32")
     if not gpu:
         train_step.check_cpu_precision(opts.precision)
-    name = torch.cuda.get_device_name(0) if gpu else f"{cpu_name()} ({os.cpu_count()} cores)"
+    name = device_name(gpu)
     out = opts.out or os.path.join(folders().results, "gpu/validation.json" if gpu else "validation-cpu.json")
     old_records(out)  # a file the records cannot be appended to is refused before the measuring
     task, model, criterion, cfg = build(opts, device)
@@ -149,8 +150,8 @@ def run(opts):
     longest = int(max(dataset.num_tokens(i) for i in range(len(dataset))))
     if min(opts.max_tokens_valid) < longest:
         raise UserError(f"--max-tokens-valid {min(opts.max_tokens_valid)}: the longest {opts.subset} sentence has "
-                        f"{longest} tokens, and fairseq would leave out every sentence longer than a batch; "
-                        f"use at least {longest}")
+                        f"{longest} tokens, and fairseq refuses a batch smaller than a sentence; use at least "
+                        f"{longest}")
     steps = count_decoder_calls(model)
     found = {mt: [] for mt in opts.max_tokens_valid}
     for rep in range(1, opts.reps + 1):
@@ -164,6 +165,7 @@ def run(opts):
     model_name = shareable(opts.checkpoint) if opts.checkpoint else f"{opts.system} untrained (seed {cfg.common.seed})"
     flags = {} if opts.checkpoint else {"flags": list(opts.extra)}
     records = [{"pair": opts.pair, "model": model_name, **flags, "subset": opts.subset, "max_tokens_valid": mt, **r,
+                "command": command(opts),
                 "sentences_per_s": r["sentences"] / r["seconds"], "rep": i + 1, "device": name,
                 "precision": opts.precision, "label": opts.label, "date": date}
                for mt, rs in found.items() for i, r in enumerate(rs)]
@@ -172,6 +174,15 @@ def run(opts):
     print(table(found, opts.reps))
     print(f"\n{opts.pair} {opts.subset}, {model_name}, {opts.precision}, {name}; appended to {shareable(out)}")
     return records
+
+
+def command(opts):
+    """The benchmark command of a record (its options as given or defaulted, --out left out)."""
+    source = ["--checkpoint", shareable(opts.checkpoint)] if opts.checkpoint else ["--system", opts.system]
+    words = ["bash", "scripts/benchmark.sh", "validation", "--pair", opts.pair, *source, "--subset", opts.subset,
+             "--max-tokens-valid", *map(str, opts.max_tokens_valid), "--reps", str(opts.reps),
+             "--precision", opts.precision, *(["--", *opts.extra] if opts.extra else [])]
+    return shlex.join(words)
 
 
 def table(found, reps):
@@ -198,7 +209,7 @@ def add_arguments(s):
                         "the recipes' --max-tokens is 4096, fairseq's default for --max-tokens-valid)")
     s.add_argument("--subset", default="valid", help="the split to decode (default valid, the dev set)")
     s.add_argument("--reps", type=int, default=1, help="alternating repetitions of every value (default 1)")
-    s.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+    s.add_argument("--precision", choices=PRECISIONS,
                    help="the model's precision, as training validates (default bf16 on a GPU, fp32 on a CPU)")
     s.add_argument("--label", default="", help="a note stored with the records")
     s.add_argument("--out", help="the JSON file the records are appended to")

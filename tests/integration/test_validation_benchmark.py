@@ -17,18 +17,19 @@ def test_validation_is_timed_at_each_batch_size_and_reproduces_fairseq_trains_de
     assert [(r["max_tokens_valid"], r["rep"]) for r in recs] == [(512, 1), (80, 1), (64, 1)]
     as_trained, small, short = recs
     # 512 tokens is the batch fairseq-train validated with (its --max-tokens): the dev BLEU it stored
-    # with this checkpoint (fairseq keeps the best-checkpoint metric, rounded to 2 decimals, as
-    # extra_state val_loss)
+    # with this checkpoint (fairseq keeps the best-checkpoint metric as extra_state val_loss)
     stored = torch.load(ckpt, map_location="cpu", weights_only=False)["extra_state"]["val_loss"]
-    assert round(as_trained["bleu"], 2) == stored, (as_trained["bleu"], stored)
+    assert as_trained["bleu"] == stored, (as_trained["bleu"], stored)
     # smaller batches: more of them and more decoder calls, the same sentences and translations
     assert small["batches"] > as_trained["batches"] and small["decoder_calls"] > as_trained["decoder_calls"]
-    assert small["sentences"] == as_trained["sentences"] == 40 and abs(small["bleu"] - as_trained["bleu"]) < 1e-6
+    assert small["sentences"] == as_trained["sentences"] == 40 and small["bleu"] == as_trained["bleu"]
     # fairseq's batches hold a multiple of 8 sentences and an incomplete last batch is left out: at 64
     # tokens the 40 dev sentences make batches of 8, 8, 8, 8, 7 and 1, so the longest is not scored
     assert (short["sentences"], short["of_sentences"]) == (39, 40) and "| 39 of 40 |" in p.stdout
     assert all(r["decoder_calls"] >= r["batches"] and r["seconds"] > 0 for r in recs)
     assert as_trained["model"].endswith("checkpoint_best.pt") and as_trained["label"] == "test"
+    assert as_trained["command"].startswith("bash scripts/benchmark.sh validation --pair demo --checkpoint ")
+    assert as_trained["command"].endswith("--max-tokens-valid 512 80 64 --reps 1 --precision fp32")
     assert "| 64 |" in p.stdout and "| 512 |" in p.stdout and "time vs the first" in p.stdout
     # refused in one line, nothing appended
     for argv, says in ((["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
