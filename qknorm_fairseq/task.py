@@ -22,6 +22,9 @@ end of a pass over the data. This task's `post_validate` hook (run by fairseq-tr
 validation, `--validate-interval-updates` ones included) hands the first validation subset's
 `--best-checkpoint-metric` to the active `val_decay` scheduler. Reproduce the original code's
 "epoch" of N updates with `--validate-interval-updates N --save-interval-updates N`.
+
+The task's dictionaries turn token tensors into text from a list (qknorm_fairseq/dictionary.py):
+the same strings, without fairseq's ATen ops per token, in every validation and fairseq-generate.
 """
 import logging
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ from omegaconf import II
 
 from . import lr_scheduler as val_decay_module
 from .compile import compile_layers
+from .dictionary import ListStringDictionary
 from .length_buckets import LengthBucketDataset
 from .twt_search import TwTSequenceGenerator, gnmt_penalty
 
@@ -110,6 +114,10 @@ class TranslationQKConfig(TranslationConfig):
 @register_task("translation_qk", dataclass=TranslationQKConfig)
 class TranslationQKTask(TranslationTask):
     cfg: TranslationQKConfig
+
+    @classmethod
+    def load_dictionary(cls, filename):
+        return ListStringDictionary.load(filename)
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):

@@ -15,6 +15,8 @@ It differs from fairseq's search (sequence_generator.py) in what the beam holds:
   more symbol (n + 52): an artefact of batching, not reproduced;
 - the best slot is the output (all slots are returned, best first); on an exact tie the original's
   `np.argsort(scores)[::-1]` takes the higher slot, and so does this search.
+The hypotheses come back on the host (fairseq's search leaves them on the model's device, and its
+callers copy them to the host one by one).
 """
 import torch
 from fairseq.sequence_generator import SequenceGenerator
@@ -48,62 +50,67 @@ class TwTSequenceGenerator(SequenceGenerator):
         score = torch.zeros(bsz, k, device=device)           # their normalised scores
         pos_scores = torch.zeros(bsz * k, 0, device=device)  # per-token log-probabilities
         ended = torch.zeros(bsz, k, dtype=torch.bool, device=device)
-        sent = torch.arange(bsz, device=device)              # original index of each active sentence
+        sent = list(range(bsz))                              # original index of each active sentence
+        first_slot = torch.arange(bsz, device=device).unsqueeze(1) * k  # row of each sentence's slot 0
+        eos_only = None  # an ended slot's only candidate: EOS again, at no cost
         finalized = [None] * bsz
 
+        # The host reads the device once a step (which sentences are done) and once more, in bulk, on
+        # a step where some are: a GPU waits at every read.
         for t in range(int(limit.max())):
-            n = sent.numel()
+            n = len(sent)
             lprobs, _ = self.model.forward_decoder(tokens, encoder_outs, incremental_states, self.temperature)
             lprobs[:, self.pad] = float("-inf")
             lprobs = lprobs.view(n, k, -1)
             if t == 0:
                 lprobs[:, :, self.eos] = float("-inf")
                 lprobs[:, 1:] = float("-inf")  # all slots hold the same prefix: expand the first only
+                eos_only = torch.full_like(lprobs[0, 0], float("-inf"))
+                eos_only[self.eos] = 0
             vocab = lprobs.size(-1)
-            cand_cum = cum.unsqueeze(-1) + lprobs
-            cand_score = cand_cum / gnmt_penalty(t + 1, self.gnmt_alpha)
-            # an ended slot offers one candidate: EOS again, at its frozen score and no cost
-            eos_only = torch.full((vocab,), float("-inf"), device=device)
-            eos_only[self.eos] = 0
             keep = ended.unsqueeze(-1)
-            cand_cum = torch.where(keep, cum.unsqueeze(-1) + eos_only, cand_cum)
-            cand_score = torch.where(keep, score.unsqueeze(-1) + eos_only, cand_score)
-            cand_tok = lprobs.masked_fill(keep, 0.0)
+            lprobs = torch.where(keep, eos_only, lprobs)
+            cand_cum = cum.unsqueeze(-1) + lprobs
+            cand_score = torch.where(keep, score.unsqueeze(-1) + eos_only, cand_cum / gnmt_penalty(t + 1, self.gnmt_alpha))
 
             score, idx = cand_score.view(n, -1).topk(k, dim=1)
             cum = cand_cum.view(n, -1).gather(1, idx)
-            tok_lprob = cand_tok.view(n, -1).gather(1, idx)
-            parent = idx // vocab + torch.arange(n, device=device).unsqueeze(1) * k
+            tok_lprob = lprobs.view(n, -1).gather(1, idx)
+            parent = (idx // vocab + first_slot[:n]).view(-1)
             symbol = idx % vocab
             ended = symbol.eq(self.eos)
-            parent = parent.view(-1)
             tokens = torch.cat([tokens[parent], symbol.view(-1, 1)], 1)
             pos_scores = torch.cat([pos_scores[parent], tok_lprob.view(-1, 1)], 1)
 
-            done = ended.all(1) | (t + 1 >= limit[sent])
-            for i in done.nonzero().view(-1).tolist():
-                finalized[sent[i]] = self._hypotheses(tokens.view(n, k, -1)[i], pos_scores.view(n, k, -1)[i],
-                                                      score[i])
-            if done.all():
-                break
-            if done.any():
+            done = ended.all(1) | limit.le(t + 1)
+            done_rows = done.nonzero().view(-1)
+            finished = done_rows.tolist()
+            if finished:
+                slots = tokens.view(n, k, -1)[done_rows].tolist()
+                positional, scores = pos_scores.view(n, k, -1)[done_rows].cpu(), score[done_rows].cpu()
+                for j, i in enumerate(finished):
+                    finalized[sent[i]] = self._hypotheses(slots[j], positional[j], scores[j])
+                if len(finished) == n:
+                    break
+                gone = set(finished)
+                sent = [s for i, s in enumerate(sent) if i not in gone]
                 alive = (~done).nonzero().view(-1)
                 alive_rows = (alive.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
                 encoder_outs = self.model.reorder_encoder_out(encoder_outs, alive_rows)
                 parent = parent.view(n, k)[alive].view(-1)
                 tokens, pos_scores = tokens[alive_rows], pos_scores[alive_rows]
-                cum, score, ended, sent = cum[alive], score[alive], ended[alive], sent[alive]
+                cum, score, ended, limit = cum[alive], score[alive], ended[alive], limit[alive]
             self.model.reorder_incremental_state(incremental_states, parent)
         return finalized
 
     def _hypotheses(self, slots, pos_scores, scores):
-        """One sentence's slots as fairseq hypotheses (tokens end at the first EOS), best first; on a
-        tie the higher slot first, as the original's argsort(scores)[::-1]."""
+        """One sentence's slots (token lists, BOS first; their per-token and normalised scores, on the
+        host) as fairseq hypotheses (tokens end at the first EOS), best first; on a tie the higher
+        slot first, as the original's argsort(scores)[::-1]."""
         hypos = []
-        for slot, (toks, pos, s) in enumerate(zip(slots, pos_scores, scores)):
+        for slot, (toks, pos, s, key) in enumerate(zip(slots, pos_scores, scores, scores.tolist())):
             toks = toks[1:]  # without BOS
-            eos = toks.eq(self.eos).nonzero()
-            end = int(eos[0]) + 1 if len(eos) else len(toks)
-            hypos.append((float(s), slot, {"tokens": toks[:end], "score": s, "attention": None,
+            end = toks.index(self.eos) + 1 if self.eos in toks else len(toks)
+            hypos.append((key, slot, {"tokens": torch.tensor(toks[:end]), "score": s, "attention": None,
                                            "alignment": torch.empty(0), "positional_scores": pos[:end]}))
         return [h for _, _, h in sorted(hypos, key=lambda h: h[:2], reverse=True)]

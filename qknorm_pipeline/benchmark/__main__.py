@@ -3,7 +3,7 @@
 usage: bash scripts/benchmark.sh [speed] [--reps N] [--dim D] [--layers L] [speed flags...]
        bash scripts/benchmark.sh kernels [--dim 256 --heads 4 --p 2 4 3.5] [--out results/kernels]
        bash scripts/benchmark.sh fairseq-train [--pair gl-en] [--systems qknorm fairseq_transformer] [--label L]
-       bash scripts/benchmark.sh validation [--pair gl-en] [--checkpoint PT] [--max-tokens-valid 4096 32768]
+       bash scripts/benchmark.sh validation [--pair gl-en] [--checkpoint PT] [--max-tokens-valid 4096 32768] [--profile]
        bash scripts/benchmark.sh --convergence [scripts/study.sh flags...]
        (python -m qknorm_pipeline.benchmark takes the same arguments)
 
@@ -15,7 +15,7 @@ thread, small dimensions, a few minutes); with a CUDA device: GPU + bf16 (fairse
 fairseq-train: real fairseq-train updates/s of a prepared pair's recipe against stock fairseq,
 appended to results/gpu/throughput.json (results/throughput-cpu.json on a CPU).
 validation: fairseq-train's dev-set decoding (its validation) at several --max-tokens-valid values:
-batches, decoder calls, seconds, dev BLEU, sentences scored; appended to results/gpu/validation.json
+batches, decoder calls, seconds, dev BLEU, sentences scored, BLEU's string time; appended to results/gpu/validation.json
 (results/validation-cpu.json on a CPU).
 --convergence: the real-data study on TED gl->en (scripts/study.sh; see its --help).
 Exit status: 0 ok, 2 a usage error, 1 a failure.

@@ -18,6 +18,11 @@ every hypothesis runs to its length limit: the slowest case, which the start of 
 Records are appended to --out (default results/gpu/validation.json on a GPU,
 results/validation-cpu.json on a CPU). `train.sh PAIR SYSTEM --max-tokens-valid N` trains with a
 value this tool has measured.
+
+Besides the decoder, the host turns every hypothesis and reference into text for BLEU: the tool
+times that for its first validation's own tokens, the task's dictionary (the plugin's, from lists)
+against fairseq's Dictionary.string (token by token from tensors). --profile counts one batch's
+ATen ops and host-device syncs by phase, with their call sites (step_profile's counter).
 """
 import argparse
 import json
@@ -101,25 +106,94 @@ def count_decoder_calls(model):
     return steps
 
 
-def validate_once(task, model, criterion, cfg, max_tokens, subset, device, steps):
-    """One pass of fairseq-train's validation over SUBSET in batches of at most MAX_TOKENS tokens:
-    {batches, decoder_calls, seconds, sentences, of_sentences, bleu}."""
+def capture_strings(dictionary):
+    """Record every call of DICTIONARY.string (the token sequences BLEU turns into text) in the list
+    returned, the tokens copied to the host."""
     import torch
-    from fairseq import metrics, utils
 
-    itr = task.get_batch_iterator(
+    calls, string = [], dictionary.string
+
+    def recorded(tokens, *args, **kwargs):
+        calls.append((tokens.detach().cpu().clone() if torch.is_tensor(tokens) else tokens, args, kwargs))
+        return string(tokens, *args, **kwargs)
+
+    dictionary.string = recorded
+    return calls, lambda: setattr(dictionary, "string", string)
+
+
+def time_strings(dictionary, calls, reps=3):
+    """Seconds (median of REPS) to turn CALLS' tokens into text: DICTIONARY's own string (the
+    plugin's, on a translation_qk task) against fairseq's Dictionary.string; refuses to report if
+    the texts differ."""
+    from fairseq.data import Dictionary
+
+    ways = {"task": dictionary.string, "fairseq": lambda *a, **kw: Dictionary.string(dictionary, *a, **kw)}
+    seconds, texts = {w: [] for w in ways}, {}
+    for _ in range(reps):
+        for way, string in ways.items():
+            start = time.perf_counter()
+            texts[way] = [string(t, *a, **kw) for t, a, kw in calls]
+            seconds[way].append(time.perf_counter() - start)
+    if texts["task"] != texts["fairseq"]:
+        raise RuntimeError("the task's dictionary and fairseq's Dictionary.string made different texts of the same tokens")
+    return {w: statistics.median(s) for w, s in seconds.items()}
+
+
+def profile_batch(task, model, criterion, sample, steps):
+    """ATen ops and host-device syncs of one validation batch, by phase: the encoder, the decoder's
+    calls, the beam's reordering of the decoder's cache, BLEU's token strings, and the rest (the
+    search's own bookkeeping, the loss, BLEU's counts). Syncs are the ops step_profile counts
+    (reads of a device value, data-dependent shapes); copies by .cpu() and .tolist() are not ops
+    a CPU dispatches, so a CPU leaves them out."""
+    from collections import Counter
+
+    from .step_profile import OpCounter, phased
+
+    counter = OpCounter()
+    saved = [(obj, name, getattr(obj, name)) for obj, name in (
+        (model.encoder, "forward"), (model.decoder, "forward"), (model.decoder, "reorder_incremental_state_scripting"),
+        (task.tgt_dict, "string"))]
+    for (obj, name, fn), phase in zip(saved, ("encoder", "decoder", "reorder", "strings")):
+        setattr(obj, name, phased(counter, phase, fn))
+    steps[0] = 0
+    try:
+        with counter:
+            task.valid_step(sample, model, criterion)
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    syncs = [s for s in counter.syncs if s["kind"] == "sync"]
+    return {"sentences": int(sample["nsentences"]), "decoder_calls": steps[0],
+            "ops": {phase: counter.ops[phase] for phase in ("encoder", "decoder", "reorder", "strings", "other")},
+            "syncs": dict(Counter(s["phase"] for s in syncs)),
+            "sync_sites": dict(Counter(f"{s['op']} {s['where']}" for s in syncs).most_common(8))}
+
+
+def valid_batches(task, model, cfg, max_tokens, subset):
+    """fairseq-train's valid iterator over SUBSET in batches of at most MAX_TOKENS tokens."""
+    from fairseq import utils
+
+    return task.get_batch_iterator(
         dataset=task.dataset(subset), max_tokens=max_tokens, max_sentences=cfg.dataset.batch_size_valid,
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
         ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
         required_batch_size_multiple=cfg.dataset.required_batch_size_multiple, seed=cfg.common.seed,
         num_workers=0, disable_iterator_cache=True).next_epoch_itr(shuffle=False)
+
+
+def validate_once(task, model, criterion, cfg, max_tokens, subset, device, steps):
+    """One pass of fairseq-train's validation over SUBSET in batches of at most MAX_TOKENS tokens:
+    {batches, decoder_calls, seconds, sentences, of_sentences, bleu}."""
+    import torch
+    from fairseq import metrics
+
+    itr = valid_batches(task, model, cfg, max_tokens, subset)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     logs, batches, steps[0] = [], 0, 0
     sync()
     start = time.perf_counter()
     for sample in itr:
-        if device == "cuda":
-            sample = utils.move_to_cuda(sample)
+        sample = to_device(sample, device)
         logs.append(task.valid_step(sample, model, criterion)[2])
         batches += 1
     sync()
@@ -130,6 +204,20 @@ def validate_once(task, model, criterion, cfg, max_tokens, subset, device, steps
     return {"batches": batches, "decoder_calls": steps[0], "seconds": seconds,
             "sentences": sum(int(log_["nsentences"]) for log_ in logs), "of_sentences": len(task.dataset(subset)),
             "bleu": bleu}
+
+
+def to_device(sample, device):
+    from fairseq import utils
+
+    return utils.move_to_cuda(sample) if device == "cuda" else sample
+
+
+def profile_text(p):
+    calls = p["decoder_calls"]
+    per_call = ", ".join(f"{phase} {n / calls:.0f}" for phase, n in p["ops"].items())
+    sites = "; ".join(f"{n} {site}" for site, n in p["sync_sites"].items())
+    return (f"profile of one batch ({p['sentences']} sentences, {calls} decoder calls): ATen ops per decoder call: "
+            f"{per_call}; syncs by phase {p['syncs']}; sites: {sites}")
 
 
 def run(opts):
@@ -153,22 +241,33 @@ def run(opts):
                         f"{longest} tokens, and fairseq refuses a batch smaller than a sentence; use at least "
                         f"{longest}")
     steps = count_decoder_calls(model)
+    calls, stop_capturing = capture_strings(task.tgt_dict)
     found = {mt: [] for mt in opts.max_tokens_valid}
     for rep in range(1, opts.reps + 1):
         for mt in opts.max_tokens_valid:
             r = validate_once(task, model, criterion, cfg, mt, opts.subset, device, steps)
+            stop_capturing()
             found[mt].append(r)
             log("benchmark", f"rep {rep}/{opts.reps} --max-tokens-valid {mt}: {r['batches']} batches, "
                              f"{r['decoder_calls']} decoder calls, {r['seconds']:.1f} s, BLEU {r['bleu']:.2f} "
                              f"({r['sentences']} of {r['of_sentences']} sentences)")
+    strings = time_strings(task.tgt_dict, calls)
+    log("benchmark", f"BLEU's token strings of a validation ({len(calls)} sequences): {strings['task']:.3f} s, "
+                     f"fairseq's Dictionary.string {strings['fairseq']:.3f} s ({strings['fairseq'] / strings['task']:.1f}x)")
+    profile = {}
+    if opts.profile:
+        sample = next(iter(valid_batches(task, model, cfg, opts.max_tokens_valid[0], opts.subset)))
+        profile = {"profile": profile_batch(task, model, criterion, to_device(sample, device), steps)}
+        log("benchmark", profile_text(profile["profile"]))
     date = datetime.now().astimezone().isoformat(timespec="seconds")
     model_name = shareable(opts.checkpoint) if opts.checkpoint else f"{opts.system} untrained (seed {cfg.common.seed})"
     flags = {} if opts.checkpoint else {"flags": list(opts.extra)}
     records = [{"pair": opts.pair, "model": model_name, **flags, "subset": opts.subset, "max_tokens_valid": mt, **r,
-                "command": command(opts),
+                "command": command(opts), "strings_seconds": strings,
                 "sentences_per_s": r["sentences"] / r["seconds"], "rep": i + 1, "device": name,
                 "precision": opts.precision, "label": opts.label, "date": date}
                for mt, rs in found.items() for i, r in enumerate(rs)]
+    records[0].update(profile)  # one batch of the first size
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old_records(out) + records, indent=1) + "\n")
     print(table(found, opts.reps))
@@ -181,7 +280,8 @@ def command(opts):
     source = ["--checkpoint", shareable(opts.checkpoint)] if opts.checkpoint else ["--system", opts.system]
     words = ["bash", "scripts/benchmark.sh", "validation", "--pair", opts.pair, *source, "--subset", opts.subset,
              "--max-tokens-valid", *map(str, opts.max_tokens_valid), "--reps", str(opts.reps),
-             "--precision", opts.precision, *(["--", *opts.extra] if opts.extra else [])]
+             "--precision", opts.precision, *(["--profile"] if opts.profile else []),
+             *(["--", *opts.extra] if opts.extra else [])]
     return shlex.join(words)
 
 
@@ -211,6 +311,8 @@ def add_arguments(s):
     s.add_argument("--reps", type=int, default=1, help="alternating repetitions of every value (default 1)")
     s.add_argument("--precision", choices=PRECISIONS,
                    help="the model's precision, as training validates (default bf16 on a GPU, fp32 on a CPU)")
+    s.add_argument("--profile", action="store_true",
+                   help="also count one batch's ATen ops and host-device syncs by phase (stored in the first record)")
     s.add_argument("--label", default="", help="a note stored with the records")
     s.add_argument("--out", help="the JSON file the records are appended to")
     s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for the untrained "

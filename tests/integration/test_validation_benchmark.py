@@ -11,7 +11,7 @@ def test_validation_is_timed_at_each_batch_size_and_reproduces_fairseq_trains_de
     ckpt = tiny_pipeline / "checkpoints" / "demo" / "postnorm" / "checkpoint_best.pt"
     out = tmp_path / "validation.json"
     p = script("benchmark.sh", "validation", "--pair", "demo", "--checkpoint", str(ckpt), "--max-tokens-valid",
-               "512", "80", "64", "--label", "test", "--out", str(out), root=tiny_pipeline)
+               "512", "80", "64", "--profile", "--label", "test", "--out", str(out), root=tiny_pipeline)
     assert p.returncode == 0, p.stderr[-3000:]
     recs = json.loads(out.read_text())
     assert [(r["max_tokens_valid"], r["rep"]) for r in recs] == [(512, 1), (80, 1), (64, 1)]
@@ -29,8 +29,19 @@ def test_validation_is_timed_at_each_batch_size_and_reproduces_fairseq_trains_de
     assert all(r["decoder_calls"] >= r["batches"] and r["seconds"] > 0 for r in recs)
     assert as_trained["model"].endswith("checkpoint_best.pt") and as_trained["label"] == "test"
     assert as_trained["command"].startswith("bash scripts/benchmark.sh validation --pair demo --checkpoint ")
-    assert as_trained["command"].endswith("--max-tokens-valid 512 80 64 --reps 1 --precision fp32")
+    assert as_trained["command"].endswith("--max-tokens-valid 512 80 64 --reps 1 --precision fp32 --profile")
     assert "| 64 |" in p.stdout and "| 512 |" in p.stdout and "time vs the first" in p.stdout
+    # one batch profiled (--profile, first record only): BLEU's token strings are made from lists, not
+    # read token by token from tensors (no ATen op); fairseq's decoder tests its input for padding
+    # (a sync) in every call
+    prof = as_trained["profile"]
+    assert "profile" not in small and prof["decoder_calls"] > 1 and prof["ops"]["decoder"] > 0
+    assert prof["ops"]["strings"] == 0
+    assert prof["syncs"]["decoder"] == prof["decoder_calls"]
+    assert "transformer_decoder.py:" in next(iter(prof["sync_sites"])), prof["sync_sites"]
+    # the strings of a validation timed both ways, on its own tokens
+    assert all(as_trained["strings_seconds"][way] > 0 for way in ("task", "fairseq"))
+    assert "fairseq's Dictionary.string" in p.stderr and "profile of one batch" in p.stderr
     # refused in one line, nothing appended
     for argv, says in ((["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
                        (["--max-tokens-valid", "0"], "a batch holds at least 1 token"),

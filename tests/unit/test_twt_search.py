@@ -114,7 +114,7 @@ def test_an_exact_tie_goes_to_the_higher_slot_as_in_the_original():
     gen = TwTSequenceGenerator([model], D, beam_size=3, max_len_b=5, gnmt_alpha=0.6)
     slots = torch.tensor([[EOS, A, EOS], [EOS, B, EOS], [EOS, C, EOS]])
     scores = torch.tensor([-0.5, -0.4, -0.4])
-    hypos = gen._hypotheses(slots, torch.zeros(3, 2), scores)
+    hypos = gen._hypotheses(slots.tolist(), torch.zeros(3, 2), scores)
     assert [h["tokens"].tolist() for h in hypos] == [[C, EOS], [B, EOS], [A, EOS]]
     import numpy as np
 
@@ -155,3 +155,34 @@ def test_batched_decoding_equals_one_sentence_at_a_time(tiny_data, arch):
                               torch.stack([h["score"] for h in alone[0]]), atol=1e-5)
     # different source lengths give different maximum lengths: sentences leave the batch at different steps
     assert len({max(len(h["tokens"]) for h in hyps) for hyps in batched}) > 1
+
+
+def test_the_search_reads_the_device_once_a_step_and_once_when_sentences_finish(tiny_data):
+    """Host-device syncs of the search's own code (reads of device values and data-dependent
+    shapes, as step_profile counts them): one a step, which sentences are done, and one more on a
+    step where some are, which are left; none per finished sentence or slot. Bulk copies to the
+    host (.tolist(), .cpu()) are not dispatched ops on a CPU and go uncounted."""
+    from qknorm_pipeline.benchmark.step_profile import OpCounter
+
+    model, task = build(tiny_data / "bin", "transformer_qknorm")
+    model.eval()
+    d = task.source_dictionary
+    g = torch.Generator().manual_seed(2)
+    lengths = [2, 3, 4, 5, 6, 7, 8, 9]  # limits of n + 1 steps: sentences leave at 7 different steps
+    src = torch.full((len(lengths), max(lengths) + 1), d.pad())
+    for i, n in enumerate(lengths):
+        src[i, -n - 1:] = torch.cat([torch.randint(d.nspecial, len(d), (n,), generator=g), torch.tensor([d.eos()])])
+    gen = TwTSequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_a=1, max_len_b=0)
+    calls = [0]
+    forward = model.decoder.forward
+    model.decoder.forward = lambda *a, **kw: (calls.__setitem__(0, calls[0] + 1), forward(*a, **kw))[1]
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor(lengths) + 1}}
+    counter = OpCounter()
+    with counter:
+        hypos = gen.generate([model], sample)
+    ours = [s["where"] for s in counter.syncs if s["kind"] == "sync" and "twt_search.py" in s["where"]]
+    steps = calls[0]
+    finishing = len({max(len(h["tokens"]) for h in hyps) for hyps in hypos} - {steps})  # steps some leave at
+    assert len(hypos) == 8 and steps <= 10 and finishing >= 1
+    # the length limit once, one a step, one more on each step that some sentences leave (not the last)
+    assert len(ours) <= 1 + steps + finishing and len(ours) < 4 * len(hypos), ours
