@@ -52,7 +52,8 @@ class TwTSequenceGenerator(SequenceGenerator):
         ended = torch.zeros(bsz, k, dtype=torch.bool, device=device)
         sent = list(range(bsz))                              # original index of each active sentence
         first_slot = torch.arange(bsz, device=device).unsqueeze(1) * k  # row of each sentence's slot 0
-        eos_only = None  # an ended slot's only candidate: EOS again, at no cost
+        eos_only = torch.full((self.vocab_size,), float("-inf"), device=device)  # an ended slot's only
+        eos_only[self.eos] = 0                                                    # candidate: EOS, no cost
         finalized = [None] * bsz
 
         # The host reads the device once a step (which sentences are done) and once more, in bulk, on
@@ -65,8 +66,6 @@ class TwTSequenceGenerator(SequenceGenerator):
             if t == 0:
                 lprobs[:, :, self.eos] = float("-inf")
                 lprobs[:, 1:] = float("-inf")  # all slots hold the same prefix: expand the first only
-                eos_only = torch.full_like(lprobs[0, 0], float("-inf"))
-                eos_only[self.eos] = 0
             vocab = lprobs.size(-1)
             keep = ended.unsqueeze(-1)
             lprobs = torch.where(keep, eos_only, lprobs)

@@ -168,7 +168,7 @@ def test_the_search_reads_the_device_once_a_step_and_once_when_sentences_finish(
     model.eval()
     d = task.source_dictionary
     g = torch.Generator().manual_seed(2)
-    lengths = [2, 3, 4, 5, 6, 7, 8, 9]  # limits of n + 1 steps: sentences leave at 7 different steps
+    lengths = [2, 3, 4, 5, 6, 7, 8, 9]  # limits of n + 1 steps: sentences leave at different steps
     src = torch.full((len(lengths), max(lengths) + 1), d.pad())
     for i, n in enumerate(lengths):
         src[i, -n - 1:] = torch.cat([torch.randint(d.nspecial, len(d), (n,), generator=g), torch.tensor([d.eos()])])
