@@ -175,6 +175,11 @@ class TranslationQKTask(TranslationTask):
         with torch.autocast(device, dtype=dtype):
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
+    def _inference_with_bleu(self, generator, sample, model):
+        # fairseq strips and copies each reference to the host on its own, two syncs a sentence on a
+        # GPU; one copy of the batch's targets serves them all (twt_search's hypotheses are on the host).
+        return super()._inference_with_bleu(generator, {**sample, "target": sample["target"].cpu()}, model)
+
     def begin_valid_epoch(self, epoch, model):
         super().begin_valid_epoch(epoch, model)
         self._fed_this_validation = False

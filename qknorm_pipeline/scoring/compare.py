@@ -312,9 +312,12 @@ def to_markdown(table):
     else:
         test = (f"Delta and p on {table['metric']} (paired bootstrap, {table['n_samples']} samples, "
                 f"seed {table['seed']}; two-sided; its resampling floor is 2/{table['n_samples'] + 1:,})")
-    test += (f". The family of tests: {', '.join(tested)}, each against {table['baseline']} ({len(tested)}); p (Holm): "
-             "Holm-Bonferroni adjusted over it (≤: a bound, at most the number of tests times the floor); "
-             f"* = adjusted p < {ALPHA:g}")
+    if tested:
+        test += (f". The family of tests: {', '.join(tested)}, each against {table['baseline']} ({len(tested)}); "
+                 "p (Holm): Holm-Bonferroni adjusted over it (≤: a bound, at most the number of tests times the "
+                 f"floor); * = adjusted p < {ALPHA:g}")
+    else:
+        test += ". No test: the table has no system besides the baseline"
     treebank = ("the QKNorm Table 3 procedure: Treebank on the Moses-escaped text" if table["treebank_detok"] ==
                 "treebank" else "Treebank after undoing the Moses escapes")
     lines += ["", f"Baseline: {table['baseline']}. {test[0].upper() + test[1:]}. "

@@ -13,7 +13,7 @@ from helpers import REPO, environment
 def test_reproduce_with_two_seeds_on_the_demo(tmp_path):
     env = environment(tmp_path)
     cmd = ["bash", os.path.join(REPO, "scripts", "reproduce.sh"), "demo", "--systems", "qknorm", "--seeds", "2", "--",
-           "--max-update", "200"]
+           "--max-update", "100"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-3000:]
     res = tmp_path / "results" / "demo"

@@ -49,6 +49,14 @@ def test_compare_table_with_published(tmp_path):
     assert json.load(open(base + ".json"))["pair"] == "en-vi"
 
 
+def test_a_table_of_one_system_says_it_tests_nothing(tmp_path):
+    res = _fixture_results(tmp_path)
+    md = compare.to_markdown(compare.build("en-vi", str(res), n_samples=20, runs=["qknorm"]))
+    assert "No test: the table has no system besides the baseline." in md and "family" not in md
+    md = compare.to_markdown(compare.build("en-vi", str(res), n_samples=20, runs=["postnorm", "qknorm"]))
+    assert "The family of tests: qknorm, each against postnorm (1); p (Holm)" in md
+
+
 def test_each_published_number_sits_beside_ours_in_its_metric(tmp_path):
     ref = tmp_path / "ref.en"
     ref.write_text("".join(f"it &apos;s talk number {i} , isn &apos;t it ?\n" for i in range(40)))

@@ -44,3 +44,45 @@ def test_gnmt_refuses_conflicting_generation_flags(flag, value, name):
     args = argparse.Namespace(beam=4, **{flag: value})
     with pytest.raises(ValueError, match=f"--length-norm gnmt does not combine with {name}"):
         _task().build_generator([], args)
+
+
+class DeviceTarget(torch.Tensor):
+    """Stands for a batch's targets on a GPU: records each op that reads it; `.cpu()` gives a host copy."""
+    reads = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.reads.append(func.__name__)
+        with torch._C.DisableTorchFunctionSubclass():
+            return args[0].clone() if func.__name__ == "cpu" else func(*args, **(kwargs or {}))
+
+
+def test_bleu_reads_the_batchs_targets_once_and_scores_as_fairseq():
+    from fairseq.tasks.translation import TranslationTask
+
+    from qknorm_fairseq.dictionary import ListStringDictionary
+
+    d = ListStringDictionary()
+    for w in "the cat sat on a mat".split():
+        d.add_symbol(w)
+    task = TranslationQKTask(TranslationQKConfig(eval_tokenized_bleu=True), d, d)
+    task.tokenizer = None
+    words = [[4, 5, 6, 7, 8, 9, 2], [4, 5, 6, 2, 1, 1, 1], [8, 9, 7, 4, 5, 2, 1]]  # 1: pad, 2: eos
+    target = torch.tensor(words)
+    hyps = [[4, 5, 6, 7, 9, 2], [4, 6, 2], [8, 9, 7, 4, 5, 2]]
+
+    class Generator:
+        def generate(self, models, sample, **kwargs):
+            return [[{"tokens": torch.tensor(h)}] for h in hyps]
+
+    def stats(bleu):
+        return bleu.sys_len, bleu.ref_len, bleu.counts, bleu.totals
+
+    DeviceTarget.reads.clear()
+    ours = task._inference_with_bleu(Generator(), {"target": target.as_subclass(DeviceTarget)}, None)
+    assert DeviceTarget.reads == ["cpu"]
+    assert stats(ours) == stats(TranslationTask._inference_with_bleu(task, Generator(), {"target": target}, None))
+    DeviceTarget.reads.clear()
+    TranslationTask._inference_with_bleu(task, Generator(), {"target": target.as_subclass(DeviceTarget)}, None)
+    # fairseq's: a row per sentence, each then stripped and copied to the host on its own
+    assert DeviceTarget.reads == ["__getitem__"] * len(words)
