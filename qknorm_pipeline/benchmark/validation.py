@@ -21,7 +21,8 @@ value this tool has measured.
 
 Besides the decoder, the host turns every hypothesis and reference into text for BLEU: the tool
 times that for its first validation's own tokens, the task's dictionary (the plugin's, from lists)
-against fairseq's Dictionary.string (token by token from tensors). --profile counts one batch's
+against fairseq's Dictionary.string (token by token from tensors); the first validation's time
+includes keeping a copy of those tokens (one small copy a sequence). --profile counts one batch's
 ATen ops and host-device syncs by phase, with their call sites (step_profile's counter).
 """
 import argparse
