@@ -48,6 +48,13 @@ class QKNormConfig(FairseqDataclass):
     qknorm_percentile: float = field(default=97.5, metadata={"help": "percentile of training lengths used as L"})
     word_dropout: float = field(
         default=0.0, metadata={"help": "probability of replacing a source or target input token by <unk> in training"})
+    word_dropout_specials: bool = field(
+        default=False, metadata={"help": "word dropout may also replace EOS and BOS (every non-pad token), as both "
+                                         "original code bases do; without it only ordinary tokens"})
+    language_embeddings: bool = field(
+        default=False, metadata={"help": "add a learned vector, N(0, 1/d) at init, to every source input embedding and "
+                                         "another to every target one: both original code bases' language embedding, "
+                                         "one language a side (qknorm_fairseq/language_embedding.py)"})
     target_vocab_mask: bool = field(
         default=False, metadata={"help": "set to -inf the logits of types never seen on the target side of the "
                                          "train split (use with --criterion masked_label_smoothed_cross_entropy)"})

@@ -4,6 +4,10 @@ With --target-vocab-mask some logits are -inf. fairseq's label_smoothed_cross_en
 epsilon over the whole vocabulary and sums every log-probability, so its loss becomes inf. This
 criterion spreads epsilon over the unmasked types only; with no mask it equals fairseq's.
 
+`--label-smoothing-form uniform` is both original code bases' form: (1 - eps) on the gold type plus
+eps/N on each of the N allowed types, the gold included (a uniform distribution mixed in), where
+fairseq's form puts 1 - eps on the gold and eps/(N - 1) on each other type.
+
 `--fused-loss` computes the same loss and its gradient from the logits, a block of rows at a time
 in fp32, instead of through fp32 log-probabilities of all tokens x types (a cast, log_softmax, the
 smoothing sum and their backward: about ten passes over the largest tensor of an update).
@@ -16,6 +20,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
+from fairseq.dataclass import ChoiceEnum
 
 # A reference token the mask forbids (possible only in valid/test data) costs this many nats
 # instead of inf, so validation losses stay finite.
@@ -31,9 +36,18 @@ def _row_blocks(rows, types):
     return (slice(s, s + step) for s in range(0, rows, step))
 
 
-def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, reduce=True, allowed=None):
+def smoothing_weights(epsilon, n, uniform):
+    """(weight of the gold type's nll, weight of the sum over the N allowed types' -log p) in the
+    loss: the two forms of label smoothing (module docstring)."""
+    eps_i = epsilon / n if uniform else epsilon / (n - 1)
+    return (1.0 - epsilon if uniform else 1.0 - epsilon - eps_i), eps_i
+
+
+def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, reduce=True, allowed=None,
+                                   uniform=False):
     """ALLOWED: bool (V,), the types the model may generate (the decoder's mask); without it, the
-    finite entries of LPROBS, found with an isfinite over all of them."""
+    finite entries of LPROBS, found with an isfinite over all of them. UNIFORM: the original code
+    bases' form of the smoothing, else fairseq's."""
     if target.dim() == lprobs.dim() - 1:
         target = target.unsqueeze(-1)
     if allowed is None:
@@ -45,8 +59,8 @@ def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, r
         pad_mask = target.eq(ignore_index)
         nll_loss = nll_loss.masked_fill(pad_mask, 0.0)
         smooth_loss = smooth_loss.masked_fill(pad_mask, 0.0)
-    eps_i = epsilon / (n_allowed - 1)
-    loss = (1.0 - epsilon - eps_i) * nll_loss + eps_i * smooth_loss
+    gold, eps_i = smoothing_weights(epsilon, n_allowed, uniform)
+    loss = gold * nll_loss + eps_i * smooth_loss
     if reduce:
         return loss.sum(), nll_loss.sum()
     return loss.squeeze(-1), nll_loss.squeeze(-1)
@@ -54,19 +68,21 @@ def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, r
 
 class FusedLabelSmoothedNLL(torch.autograd.Function):
     """(loss sum, nll sum) of masked_label_smoothed_nll_loss(log_softmax(LOGITS), ...), reduced,
-    straight from LOGITS (N, V) of any float dtype; ALLOWED: bool (V,) or None (every type).
+    straight from LOGITS (N, V) of any float dtype; ALLOWED: bool (V,) or None (every type); UNIFORM
+    as there.
 
     With lse = logsumexp of a row, nll = lse - logit[target] and smooth = n * lse - (sum of the
     allowed logits); the gradient of a row is softmax * (c_nll + n c_smooth) - c_nll onehot(target)
     - c_smooth allowed, where c_nll and c_smooth are the weights of nll and smooth in the loss."""
 
     @staticmethod
-    def forward(ctx, logits, target, epsilon, ignore_index, allowed):
+    def forward(ctx, logits, target, epsilon, ignore_index, allowed, uniform):
         rows, types = logits.shape
         acc = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for fp64 logits
         # in acc, never in the logits' dtype: bf16 would round 3172 types to 3168
         n = allowed.sum().to(acc) if allowed is not None else torch.tensor(float(types), dtype=acc, device=logits.device)
-        eps_i = epsilon / (n - 1)
+        gold, eps_i = smoothing_weights(epsilon, n, uniform)
+        gold = torch.as_tensor(gold, dtype=acc, device=logits.device)  # a float in the uniform form
         forbidden = ~allowed if allowed is not None else None
         lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
         for b in _row_blocks(rows, types):
@@ -83,16 +99,15 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         smooth = n * lse - total
         keep = target.ne(ignore_index) if ignore_index is not None else torch.ones_like(live)
         nll, smooth = nll * keep, smooth * keep
-        ctx.save_for_backward(logits, target, lse, live & keep, keep, weights, n, eps_i)
-        ctx.epsilon = epsilon
-        loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+        ctx.save_for_backward(logits, target, lse, live & keep, keep, weights, n, gold, eps_i)
+        loss = gold * nll + eps_i * smooth
         return loss.sum(), nll.sum()
 
     @staticmethod
     def backward(ctx, grad_loss, grad_nll):
-        logits, target, lse, live, keep, weights, n, eps_i = ctx.saved_tensors
+        logits, target, lse, live, keep, weights, n, gold, eps_i = ctx.saved_tensors
         rows, types = logits.shape
-        c_nll = (grad_loss * (1.0 - ctx.epsilon - eps_i) + grad_nll) * live
+        c_nll = (grad_loss * gold + grad_nll) * live
         c_smooth = grad_loss * eps_i * keep
         c_softmax = (c_nll + n * c_smooth)[:, None]
         grad = torch.empty_like(logits)
@@ -105,7 +120,7 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
             else:
                 g.addr_(c_smooth[b], weights, alpha=-1)
             grad[b] = g
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 @dataclass
@@ -114,16 +129,20 @@ class MaskedLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionCo
         "help": "the loss and its gradient straight from the logits, in fp32 blocks of rows, without "
                 "log-probabilities of every token (the same loss up to rounding; faster on a CPU, not "
                 "measured on a GPU)"})
+    label_smoothing_form: ChoiceEnum(["fairseq", "uniform"]) = field(default="fairseq", metadata={
+        "help": "fairseq: 1 - eps on the gold type, eps/(N-1) on each other allowed type; uniform: both original "
+                "code bases' form, 1 - eps + eps/N on the gold and eps/N on each other (N allowed types)"})
 
 
 @register_criterion("masked_label_smoothed_cross_entropy", dataclass=MaskedLabelSmoothedCrossEntropyConfig)
 class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 fused_loss=False):
+                 fused_loss=False, label_smoothing_form="fairseq"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if fused_loss and ignore_prefix_size:
             raise ValueError("--fused-loss does not support --ignore-prefix-size; drop one of them")
         self.fused_loss = fused_loss
+        self.uniform = label_smoothing_form == "uniform"
 
     def compute_loss(self, model, net_output, sample, reduce=True):
         decoder = getattr(model, "decoder", None)
@@ -138,9 +157,9 @@ class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterio
             logits, target = net_output[0], model.get_targets(sample, net_output)
             # allowed None: every type (a decoder that is not ours never masks its logits)
             return FusedLabelSmoothedNLL.apply(logits.view(-1, logits.size(-1)), target.view(-1), self.eps,
-                                               self.padding_idx, allowed)
+                                               self.padding_idx, allowed, self.uniform)
         lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
         if ours and allowed is None:
             allowed = torch.ones_like(lprobs[0], dtype=torch.bool)
         return masked_label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce,
-                                              allowed=allowed)
+                                              allowed=allowed, uniform=self.uniform)

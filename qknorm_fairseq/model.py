@@ -18,6 +18,7 @@ from torch import nn
 from . import config, data_stats, distributed
 from .attention import ATTENTIONS, NormAttention
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
+from .language_embedding import add_language_embedding
 from .norms import NORMS
 from .positions import POSITIONS, build_positions
 from .smallinit import init_layer
@@ -38,6 +39,7 @@ def check_args(args):
     qknorm = "a QKNorm attention (--encoder/decoder/cross-attention qknorm...)"
     # not --qknorm-length: the recipes give every system the paper's L (--paper-qknorm-length)
     needs = {"scalenorm_fixed_g": (args.norm_type == "scalenorm", "--norm-type scalenorm"),
+             "word_dropout_specials": (args.word_dropout > 0, "--word-dropout P (P > 0)"),
              **{name: (uses_qknorm, qknorm) for name in ("qknorm_p", "qknorm_g0", "qknorm_percentile")}}
     for name, (used, what) in needs.items():
         if not used and getattr(args, name) != config.DEFAULTS[name]:
@@ -183,6 +185,7 @@ class QKEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens, return_fc)
         _swap_norms(self, ("layer_norm",), cfg, not cfg.scalenorm_fixed_g)
         _swap_positions(self, cfg, cfg.max_source_positions)
+        add_language_embedding(self, cfg)
         _swap_dropouts(self, cfg)
 
     def build_encoder_layer(self, cfg):
@@ -215,6 +218,7 @@ class QKDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         _swap_norms(self, ("layer_norm",), cfg, learnable=True)  # the final norm's g always learns
         _swap_positions(self, cfg, cfg.max_target_positions)
+        add_language_embedding(self, cfg)
         _swap_dropouts(self, cfg)
         self.mask_output = bool(cfg.target_vocab_mask)
         if self.mask_output:
@@ -281,6 +285,8 @@ class QKTransformerModel(TransformerModel):
         self.word_dropout = args.word_dropout
         self.unk = encoder.dictionary.unk()
         self.nspecial = encoder.dictionary.nspecial
+        self.word_dropout_specials = args.word_dropout_specials
+        self.pad = encoder.dictionary.pad()
 
     @classmethod
     def add_args(cls, parser):
@@ -319,9 +325,11 @@ class QKTransformerModel(TransformerModel):
         return QKDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention)
 
     def drop_words(self, tokens):
-        """Word dropout (TwT Appendix A): replace non-special input tokens by <unk>."""
+        """Word dropout (TwT Appendix A): replace non-special input tokens by <unk>; with
+        --word-dropout-specials every non-pad token, EOS and BOS too (the original code's)."""
         drop = torch.rand(tokens.shape, device=tokens.device) < self.word_dropout
-        return tokens.masked_fill(drop & (tokens >= self.nspecial), self.unk)
+        droppable = tokens.ne(self.pad) if self.word_dropout_specials else tokens >= self.nspecial
+        return tokens.masked_fill(drop & droppable, self.unk)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         if self.training and self.word_dropout > 0:

@@ -68,7 +68,7 @@ def run(opts):
     cases += [("log_softmax loss bf16", lambda x: masked_label_smoothed_nll_loss(
                    torch.log_softmax(x.float(), -1), target, 0.1, ignore_index=1, allowed=every)[0], None,
                (opts.tokens, opts.vocab), bf16),
-              ("fused loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None)[0],
+              ("fused loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False)[0],
                "log_softmax loss bf16", (opts.tokens, opts.vocab), bf16)]
     inputs = {(shape, dtype): torch.randn(shape).to(dtype) for *_, shape, dtype in cases}
     times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}

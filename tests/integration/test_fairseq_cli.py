@@ -120,8 +120,9 @@ def test_checkpoint_holds_no_unsafe_globals_beyond_the_allow_list(trained):
 
 
 def test_decode_precision_on_a_cpu(tiny_data, tmp_path):
-    """bf16 decodes under CPU autocast where torch has bf16 kernels, with the fp32 hypotheses on this
-    tiny task; fp16 on a CPU is an error naming the fix, raised as the task is set up (before the model loads)."""
+    """bf16 decodes every sentence through fairseq-generate where torch has bf16 kernels (that it runs
+    under autocast: tests/unit/test_task.py); fp16 on a CPU is an error naming the fix, raised as the
+    task is set up (before the model loads)."""
     import torch
 
     fairseq("train", *train_args(tiny_data / "bin", tmp_path / "ck", "transformer_postnorm", "--cpu", max_epoch=1))
@@ -204,3 +205,26 @@ def test_multi_tensor_adam_trains_as_fairseqs_adam(tiny_data, tmp_path):
     assert len(ours) == len(ref) >= 10, ours
     for (u, loss, gnorm), (v, ref_loss, ref_gnorm) in zip(ours, ref):
         assert u == v and loss == pytest.approx(ref_loss, rel=1e-6) and gnorm == pytest.approx(ref_gnorm, rel=1e-6)
+
+
+def test_the_original_codes_details_train_and_decode(tiny_data, tmp_path):
+    """The original code's language embeddings, word dropout on EOS/BOS and label smoothing form
+    through fairseq-train and fairseq-generate: the loss falls, the checkpoint holds both language
+    vectors and the flags, and it decodes every sentence."""
+    import torch
+
+    flags = ("--language-embeddings", "--word-dropout-specials", "--label-smoothing-form", "uniform")
+    log = fairseq_inprocess("train", *train_args(tiny_data / "bin", tmp_path, "transformer_scalenorm", *flags))
+    trace = losses(log)
+    assert len(trace) == 2 and trace[1] < trace[0], trace
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
+    cfg = state["cfg"]
+    assert cfg["model"].language_embeddings and cfg["model"].word_dropout_specials
+    assert cfg["criterion"]["label_smoothing_form"] == "uniform"
+    for side in ("encoder", "decoder"):
+        vector = state["model"][f"{side}.embed_positions.language"]
+        assert vector.shape == (32,) and 0 < vector.square().mean() < 1
+    fairseq_inprocess("generate", tiny_data / "bin", "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+                      "--beam", "4", "--batch-size", "16", "--gen-subset", "valid", "--results-path", tmp_path)
+    hyps = [line for line in (tmp_path / "generate-valid.txt").read_text().splitlines() if line.startswith("H-")]
+    assert len(hyps) == 40

@@ -30,11 +30,12 @@ def cross_entropy_with(target_dist, lprobs):
     return -(target_dist * lprobs).sum(-1)
 
 
-def test_the_original_form_differs_by_epsilon_over_n(tmp_path):
+def test_the_uniform_form_is_the_originals_and_differs_by_epsilon_over_n():
     """Both originals put (1 - eps) + eps/N on the gold type and eps/N on each other type (N allowed
-    types); fairseq's form, ours, puts 1 - eps on the gold and eps/(N-1) on each other. The loss
+    types): `uniform=True`. fairseq's form, the default, puts 1 - eps on the gold and eps/(N-1) on each
+    other. Each is the cross-entropy against its target distribution, written out here; the loss
     difference is (eps/N) * (mean log p of the others - log p of the gold), 1/N of the smoothing
-    term: with a gl->en-sized target vocabulary it is a few 1e-4 nats (docs/training.md)."""
+    term: with a gl->en-sized target vocabulary a few 1e-4 nats (docs/training.md)."""
     torch.manual_seed(1)
     eps, n, rows = 0.1, 4000, 64
     logits = torch.randn(rows, n) * 3
@@ -45,26 +46,41 @@ def test_the_original_form_differs_by_epsilon_over_n(tmp_path):
     original = cross_entropy_with((1 - eps) * gold + eps / n, lprobs)
     fairseq_form = cross_entropy_with((1 - eps) * gold + eps / (n - 1) * (1 - gold), lprobs)
     ours, _ = masked_label_smoothed_nll_loss(lprobs, target, eps, reduce=False)
-    assert torch.allclose(ours, fairseq_form)
+    uniform, _ = masked_label_smoothed_nll_loss(lprobs, target, eps, reduce=False, uniform=True)
+    assert torch.allclose(ours, fairseq_form) and torch.allclose(uniform, original)
     others_mean = (lprobs * (1 - gold)).sum(-1) / (n - 1)
     gold_lp = lprobs[torch.arange(rows), target]
     assert torch.allclose(original - ours, eps / n * (others_mean - gold_lp), atol=1e-12)
-    relative = ((original - ours).abs() / ours).max().item()
-    assert relative < 1e-3, relative  # negligible: no flag for the original form
+    assert ((original - ours).abs() / ours).max().item() < 1e-3
 
 
-def _fused_and_reference(logits, target, allowed, eps=0.1, pad=1):
+def test_the_uniform_form_over_a_mask_spreads_over_the_allowed_types_only():
+    """With a mask the original divides by the number of allowed types (model.py: the smoothing sum
+    over the masked log-probabilities over logit_mask.sum())."""
+    torch.manual_seed(2)
+    eps = 0.1
+    allowed = torch.tensor([True] * 7 + [False] * 3)
+    lprobs = torch.log_softmax(torch.randn(6, 10, dtype=torch.float64).masked_fill(~allowed, float("-inf")), -1)
+    target = torch.tensor([0, 3, 6, 2, 1, 5])
+    gold = torch.nn.functional.one_hot(target, 10).double()
+    dist = (1 - eps) * gold + eps / 7 * allowed.double()
+    expected = -(dist * lprobs.masked_fill(~allowed, 0.0)).sum(-1)
+    loss, _ = masked_label_smoothed_nll_loss(lprobs, target, eps, reduce=False, allowed=allowed, uniform=True)
+    assert torch.allclose(loss, expected, rtol=1e-12)
+
+
+def _fused_and_reference(logits, target, allowed, eps=0.1, pad=1, uniform=False):
     """(loss, nll, grad) of --fused-loss and of autograd through log_softmax and
     masked_label_smoothed_nll_loss, for the loss + 0.3 nll (so both outputs carry a gradient)."""
     out = []
     for fused in (True, False):
         x = logits.detach().clone().requires_grad_()
         if fused:
-            loss, nll = FusedLabelSmoothedNLL.apply(x, target, eps, pad, allowed)
+            loss, nll = FusedLabelSmoothedNLL.apply(x, target, eps, pad, allowed, uniform)
         else:
             every = allowed if allowed is not None else torch.ones(x.size(-1), dtype=torch.bool)
             loss, nll = masked_label_smoothed_nll_loss(torch.log_softmax(x.double(), -1), target, eps,
-                                                       ignore_index=pad, allowed=every)
+                                                       ignore_index=pad, allowed=every, uniform=uniform)
         (loss + 0.3 * nll).backward()
         # the fused path works in place on copies of its blocks, never on the logits themselves
         assert torch.equal(x.detach(), logits)
@@ -72,8 +88,9 @@ def _fused_and_reference(logits, target, allowed, eps=0.1, pad=1):
     return out
 
 
+@pytest.mark.parametrize("uniform", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked):
+def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked, uniform):
     """In fp64, over blocks of 3 rows: padding rows, masked types and a target the mask forbids (its
     nll clamped at MASKED_TARGET_NLL, no gradient through it) give the same loss and gradient."""
     monkeypatch.setattr(criterion, "FUSED_BLOCK", 40)  # 11 types: 3 rows a block, 13 blocks
@@ -87,7 +104,7 @@ def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked):
         allowed[[2, 5]] = False
         logits = logits.masked_fill(~allowed, float("-inf"))
         target[6] = 5
-    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, allowed)
+    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, allowed, uniform=uniform)
     if masked:
         assert ref_nll > criterion.MASKED_TARGET_NLL  # the forbidden target is in the sum
     assert torch.allclose(loss, ref_loss, rtol=1e-12) and torch.allclose(nll, ref_nll, rtol=1e-12)
@@ -121,6 +138,14 @@ def _criterion_and_model(data_bin, *flags):
     return task.build_criterion(args), task.build_model(args), task
 
 
+def _sample(task):
+    src, lengths, prev = batch(task)
+    target = torch.cat([prev[:, 1:], prev[:, :1]], 1)
+    target[0, -2:] = task.target_dictionary.pad()
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+            "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
+
+
 def test_fused_loss_flag_in_the_criterion(tiny_data):
     """`--fused-loss` parsed by fairseq: the criterion's loss, nll and every parameter's gradient on a
     batch of transformer_fixnorm (its logit mask on) equal those without the flag."""
@@ -128,11 +153,7 @@ def test_fused_loss_flag_in_the_criterion(tiny_data):
     for flags in ((), ("--fused-loss",)):
         crit, model, task = _criterion_and_model(tiny_data / "bin", *flags)
         assert crit.fused_loss == bool(flags) and model.decoder.mask_output
-        src, lengths, prev = batch(task)
-        target = torch.cat([prev[:, 1:], prev[:, :1]], 1)
-        target[0, -2:] = task.target_dictionary.pad()
-        sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
-                  "target": target, "ntokens": int(target.ne(task.target_dictionary.pad()).sum())}
+        sample = _sample(task)
         torch.manual_seed(3)  # the same dropout masks
         loss, _, log = crit(model, sample)
         loss.backward()
@@ -141,6 +162,33 @@ def test_fused_loss_flag_in_the_criterion(tiny_data):
     assert torch.allclose(loss, f_loss, rtol=1e-5) and torch.allclose(nll, f_nll, rtol=1e-5)
     for name, g in grads.items():
         assert torch.allclose(g, f_grads[name], rtol=1e-4, atol=1e-7), name
+
+
+@pytest.mark.parametrize("fused", [(), ("--fused-loss",)])
+def test_label_smoothing_form_flag_gives_the_originals_loss(tiny_data, fused):
+    """`--label-smoothing-form uniform` parsed by fairseq: the criterion's loss on a batch of
+    transformer_fixnorm (eval mode, logit mask on) is the cross-entropy against (1 - eps) onehot +
+    eps/N over the N allowed types, written out from the model's own log-probabilities; the default
+    is fairseq's form, which differs from it."""
+    losses = {}
+    for form in ("fairseq", "uniform"):
+        crit, model, task = _criterion_and_model(tiny_data / "bin", "--label-smoothing-form", form, *fused)
+        model.eval()
+        sample = _sample(task)
+        allowed, target = model.decoder.allowed_types, sample["target"]
+        # every gold type one the mask allows (a forbidden one is clamped at MASKED_TARGET_NLL)
+        sample["target"] = target.masked_fill(~allowed[target] & target.ne(task.target_dictionary.pad()),
+                                              task.target_dictionary.eos())
+        with torch.no_grad():
+            losses[form] = crit(model, sample)[0]
+            lprobs = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).double()
+    target = sample["target"]
+    gold = torch.nn.functional.one_hot(target, lprobs.size(-1)).double()
+    dist = 0.9 * gold + 0.1 / allowed.sum() * allowed.double()
+    rows = -(dist * lprobs.masked_fill(~allowed, 0.0)).sum(-1)
+    expected = rows.masked_fill(target.eq(task.target_dictionary.pad()), 0.0).sum()
+    assert torch.allclose(losses["uniform"].double(), expected, rtol=1e-5)
+    assert not torch.allclose(losses["fairseq"].double(), expected, rtol=1e-5)
 
 
 def test_fused_loss_rejects_a_prefix(tiny_data):

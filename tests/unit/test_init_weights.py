@@ -32,6 +32,7 @@ def table(tiny_data):
         with open(TABLE, "w", encoding="utf-8") as f:
             json.dump(now, f, indent=1, sort_keys=True)
             f.write("\n")
+        pytest.skip(f"{TABLE} rewritten from this code: run again without QKNORM_WRITE_INIT_TABLE to compare")
     with open(TABLE, encoding="utf-8") as f:
         return json.load(f), now
 

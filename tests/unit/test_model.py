@@ -21,11 +21,8 @@ def test_readme_table_lists_every_preset():
     assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(ARCHS)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_incremental_decoding_matches_full_forward(tiny_data, arch):
-    model, task = build(tiny_data / "bin", arch)
-    model.eval()
-    src, lengths, prev = batch(task)
+def full_and_stepwise(model, src, lengths, prev):
+    """The decoder's logits (eval mode) in one pass and one step at a time, as beam search runs it."""
     with torch.no_grad():
         enc = model.encoder(src, src_lengths=lengths)
         full, _ = model.decoder(prev, encoder_out=enc)
@@ -33,7 +30,14 @@ def test_incremental_decoding_matches_full_forward(tiny_data, arch):
         for t in range(prev.size(1)):
             out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
             steps.append(out[:, -1])
-    step = torch.stack(steps, dim=1)
+    return full, torch.stack(steps, dim=1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incremental_decoding_matches_full_forward(tiny_data, arch):
+    model, task = build(tiny_data / "bin", arch)
+    model.eval()
+    full, step = full_and_stepwise(model, *batch(task))
     assert torch.equal(torch.isinf(full), torch.isinf(step))
     finite = torch.isfinite(full)
     assert finite.any()
@@ -144,6 +148,64 @@ def test_word_dropout_replaces_only_ordinary_tokens(tiny_data):
         a, _ = model(src, lengths, prev)
         b, _ = model(src, lengths, prev)
     assert torch.equal(a, b), "no word dropout at inference"
+
+
+def test_word_dropout_specials_is_the_original_codes_every_non_pad_token(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_prenorm", "--word-dropout", "0.5", "--word-dropout-specials")
+    d = task.source_dictionary
+    tokens = torch.randint(d.nspecial, len(d), (400, 50))
+    tokens[:, 0], tokens[:, 1], tokens[:, -1] = d.pad(), d.bos(), d.eos()
+    dropped = model.drop_words(tokens)
+    changed = dropped != tokens
+    assert torch.all(dropped[changed] == d.unk()) and not changed[:, 0].any(), "padding stays"
+    for column in (1, -1):  # BOS and EOS, each replaced about half the time
+        assert 0.4 < changed[:, column].float().mean().item() < 0.6
+
+
+def test_word_dropout_specials_needs_word_dropout(tiny_data):
+    with pytest.raises(ValueError, match=r"--word-dropout-specials has no effect without --word-dropout P"):
+        build(tiny_data / "bin", "transformer_prenorm", "--word-dropout", "0", "--word-dropout-specials")
+
+
+def test_language_embeddings_add_one_learned_vector_a_side(tiny_data):
+    """--language-embeddings: the encoder's input is fairseq's (scaled tokens + positions) plus the
+    source vector at every position, the decoder's plus the target vector (eval mode, so no
+    dropout); the vectors start N(0, 1/d), learn, and decode step by step as in one pass."""
+    torch.manual_seed(0)
+    on, task = build(tiny_data / "bin", "transformer_scalenorm", "--language-embeddings")
+    off, _ = build(tiny_data / "bin", "transformer_scalenorm")
+    v_src, v_tgt = on.encoder.embed_positions.language, on.decoder.embed_positions.language
+    assert v_src.shape == v_tgt.shape == (32,) and not torch.equal(v_src, v_tgt)
+    wide, _ = build(tiny_data / "bin", "transformer_scalenorm", "--language-embeddings", "--encoder-embed-dim", "256",
+                    "--decoder-embed-dim", "256")
+    variance = wide.encoder.embed_positions.language.square().mean().item()
+    assert 0.7 / 256 < variance < 1.3 / 256, variance  # N(0, d^-0.5): variance 1/d
+    on.load_state_dict({**off.state_dict(), "encoder.embed_positions.language": v_src.detach(),
+                        "decoder.embed_positions.language": v_tgt.detach()}, strict=False)
+    on.eval(), off.eval()
+    src, lengths, prev = batch(task)
+    with torch.no_grad():
+        x_on, _ = on.encoder.forward_embedding(src)
+        x_off, _ = off.encoder.forward_embedding(src)
+        assert torch.allclose(x_on - x_off, v_src.expand_as(x_on), atol=1e-6)
+    full, step = full_and_stepwise(on, src, lengths, prev)
+    with torch.no_grad():
+        kept = on.decoder.embed_positions.language.clone()
+        on.decoder.embed_positions.language.zero_()
+        no_target_vector, _ = on.decoder(prev, encoder_out=on.encoder(src, src_lengths=lengths))
+        on.decoder.embed_positions.language.copy_(kept)
+    finite = torch.isfinite(full)
+    assert torch.allclose(full[finite], step[finite], atol=1e-4)
+    assert not torch.allclose(full[finite], no_target_vector[finite], atol=1e-4), "the decoder adds its vector"
+    on.train()
+    logits, _ = on(src, lengths, prev)
+    logits[torch.isfinite(logits)].sum().backward()
+    assert v_src.grad.abs().sum() > 0 and v_tgt.grad.abs().sum() > 0
+
+
+def test_language_embeddings_need_positions(tiny_data):
+    with pytest.raises(ValueError, match="--language-embeddings adds its vector where fairseq adds positions"):
+        build(tiny_data / "bin", "transformer_prenorm", "--language-embeddings", "--no-token-positional-embeddings")
 
 
 def test_norm_types_and_placement(tiny_data):

@@ -178,7 +178,10 @@ def test_l2_normalize_backward_takes_fewer_ops_than_autograds():
 
     counts = {dtype: (backward_ops(lambda x: l2_normalize(x, 1e-6), dtype), backward_ops(plain, dtype))
               for dtype in (torch.float32, torch.bfloat16)}
-    assert counts == {torch.float32: (11, 16), torch.bfloat16: (12, 19)}
+    for dtype, (ours, autograds) in counts.items():
+        # both counted here, issue #38's numbers as a bound: a torch that adds ops
+        # to autograd's side alone does not fail this
+        assert ours < autograds and ours <= {torch.float32: 11, torch.bfloat16: 12}[dtype], counts
 
 
 def test_scalenorm_fixed_g_gets_no_gradient_and_keeps_bf16():

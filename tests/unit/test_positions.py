@@ -54,12 +54,18 @@ def test_position_k_of_each_sentence_gets_row_k_of_the_table(tiny_data, kind):
             assert not got[b, tokens[b] == task.source_dictionary.pad()].any()
 
 
-def test_the_three_tables_differ_as_documented():
-    # qknorm: odd dimensions repeat the even ones, so it is not Vaswani's table; fairseq's orders
-    # the dimensions differently and spaces its frequencies differently
-    assert not torch.allclose(qknorm_code(10, 8), vaswani(10, 8), atol=0.1)
-    assert not torch.allclose(fairseq_table(10, 8), vaswani(10, 8), atol=0.1)
-    assert not torch.allclose(fairseq_table(10, 8)[:, :4], vaswani(10, 8)[:, 0::2], atol=0.1)
+def test_the_three_flags_give_three_different_tables(tiny_data):
+    """What the model adds under each --positions differs from the others' (qknorm: odd dimensions
+    repeat the even ones; fairseq's orders and spaces its frequencies otherwise), so the test above
+    tells them apart."""
+    tables = {}
+    for kind in TABLES:
+        model, task = build(tiny_data / "bin", "transformer_qknorm", "--positions", kind)
+        tables[kind] = model.encoder.embed_positions(torch.full((1, 10), task.source_dictionary.unk()))[0]
+    kinds = list(tables)
+    for i, a in enumerate(kinds):
+        for b in kinds[i + 1:]:
+            assert not torch.allclose(tables[a], tables[b], atol=0.1), (a, b)
 
 
 def test_long_inputs_extend_the_original_table(tiny_data):

@@ -14,6 +14,8 @@ from scipy import stats as scipy_stats
 from qknorm_pipeline import recipes
 from qknorm_pipeline import train as train_step
 from qknorm_pipeline.paths import Folders
+from qknorm_pipeline.scoring import bleu as bleu_module
+from qknorm_pipeline.scoring.significance import sentence_variance
 from qknorm_pipeline.study import config, records, report
 from qknorm_pipeline.study import runs as study_runs
 from qknorm_pipeline.study.config import StudyError
@@ -319,14 +321,18 @@ def test_report_tables_significance_and_curves(tmp_path):
     p = [bleu["postnorm"], bleu["postnorm_seed2"]]
     assert test["pair"] == ["qknorm", "postnorm"] and test["seeds"] == [2, 2] and test["seed_terms"] == ["own", "own"]
     terms = [statistics.variance(q) / 2, statistics.variance(p) / 2]
-    var = sum(terms) + test["sentence_var"]
+    # the test set's share, from the hypotheses: the seeds' sentence statistics, resampled
+    stats = {r: bleu_module.multi_bleu_detok(h, [refs]).stats for r, h in hyps.items()}
+    sentences = sentence_variance([stats["qknorm"], stats["qknorm_seed2"]], [stats["postnorm"], stats["postnorm_seed2"]],
+                                  n_samples=report.N_SAMPLES, seed=12345)
+    assert test["sentence_var"] == pytest.approx(sentences, rel=1e-9) and sentences > 0
+    var = sum(terms) + sentences
     df = sum(terms) ** 2 / sum(v ** 2 for v in terms)
     t = (statistics.mean(q) - statistics.mean(p)) / var ** 0.5
     assert test["delta"] == pytest.approx(statistics.mean(q) - statistics.mean(p), abs=1e-3)
     assert test["df"] == pytest.approx(df, rel=1e-3)
     assert test["p_two_sided"] == pytest.approx(2 * scipy_stats.t.sf(t, df), rel=1e-3)
     assert test["p_holm"] == test["p_two_sided"] and test["resolved"] == (test["p_two_sided"] < 0.05)
-    assert 0 < test["sentence_var"] < var
     lo, hi = test["ci95"]
     assert f"| qknorm vs postnorm | 2 vs 2 | {test['delta']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | {df:.1f} | " in text
     # both LRs: the ordering holds at 1x and 2x

@@ -86,3 +86,26 @@ def test_bleu_reads_the_batchs_targets_once_and_scores_as_fairseq():
     TranslationTask._inference_with_bleu(task, Generator(), {"target": target.as_subclass(DeviceTarget)}, None)
     # fairseq's: a row per sentence, each then stripped and copied to the host on its own
     assert DeviceTarget.reads == ["__getitem__"] * len(words)
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_inference_step_decodes_under_autocast_in_its_precision(monkeypatch, precision, dtype):
+    """--decode-precision: the search runs under autocast of that dtype on the model's device, fp32
+    without autocast (the machine check is patched out: this CPU may lack bf16 kernels)."""
+    from qknorm_fairseq import task as task_module
+
+    monkeypatch.setattr(task_module, "precision_problem", lambda precision, device: None)
+    d = Dictionary()
+    task = TranslationQKTask(TranslationQKConfig(decode_precision=precision), d, d)
+    seen = []
+
+    class Generator:
+        def generate(self, models, sample, **kwargs):
+            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            return []
+
+    task.inference_step(Generator(), [torch.nn.Linear(2, 2)], {})
+    (enabled, autocast_dtype), = seen
+    assert enabled == (dtype is not None)
+    if dtype is not None:
+        assert autocast_dtype == dtype
