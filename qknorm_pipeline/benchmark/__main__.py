@@ -21,6 +21,7 @@ batches, decoder calls, seconds, dev BLEU, sentences scored, BLEU's string time;
 Exit status: 0 ok, 2 a usage error, 1 a failure.
 """
 import os
+import shlex
 import sys
 
 from ..cli import Parser, prog
@@ -56,6 +57,9 @@ def run(opts):
         return throughput.run(opts)
     if opts.cmd == "validation":
         return validation.run(opts)
+    if getattr(opts, "extra", None):
+        error(f"{opts.cmd} takes no flags after --, so '{shlex.join(opts.extra)}' would be ignored: give them "
+              "before --")
     if opts.dim % opts.heads:
         error(f"--dim {opts.dim} must be divisible by --heads {opts.heads}")
     if opts.cmd == "kernels" and min(opts.p) < 1:

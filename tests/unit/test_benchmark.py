@@ -44,6 +44,12 @@ def test_speed_rejects_bad_settings(tmp_path, capsys):
     assert "--dim 30 must be divisible by --heads 4" in capsys.readouterr().err
     assert main(["speed", *TINY, "--archs", "transformer_nope", "--out", str(tmp_path / "b")]) == 2
     assert "[benchmark] error: --archs: unknown preset 'transformer_nope'; choose from qknorm_transformer" in capsys.readouterr().err
+    for tool in ("speed", "kernels"):  # their flags after -- were once dropped without a word
+        with pytest.raises(SystemExit):
+            main([tool, "--out", str(tmp_path / "b"), "--", "--heads", "8"])
+        assert f"{tool} takes no flags after --, so '--heads 8' would be ignored: give them before --" in \
+            capsys.readouterr().err
+    assert not (tmp_path / "b.md").exists()
 
 
 def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys):
