@@ -2,7 +2,7 @@
 
 Both add `lang_embedding[lang]`, a learned vector initialised N(0, d^-0.5), to the scaled word
 embedding and the position table of every input token, the source language's in the encoder and the
-target language's in the decoder (model.py, `get_input`). A bilingual model has one vector a side.
+target language's in the decoder (TwT's model.py, `get_input`; the QKNorm code's alike). A bilingual model has one vector a side.
 fairseq adds its positions at the same place, before the input dropout, in both the encoder and the
 decoder (one step at a time in beam search), so the vector rides on the position module's output.
 """

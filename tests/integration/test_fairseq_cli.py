@@ -209,21 +209,25 @@ def test_multi_tensor_adam_trains_as_fairseqs_adam(tiny_data, tmp_path):
 
 def test_the_original_codes_details_train_and_decode(tiny_data, tmp_path):
     """The original code's language embeddings, word dropout on EOS/BOS and label smoothing form
-    through fairseq-train and fairseq-generate: the loss falls, the checkpoint holds both language
-    vectors and the flags, and it decodes every sentence."""
+    through fairseq-train and fairseq-generate: the flags are stored, the second epoch (resumed from
+    the first's checkpoint) lowers the loss and moves both language vectors, and the checkpoint
+    decodes every sentence."""
     import torch
 
     flags = ("--language-embeddings", "--word-dropout-specials", "--label-smoothing-form", "uniform")
-    log = fairseq_inprocess("train", *train_args(tiny_data / "bin", tmp_path, "transformer_scalenorm", *flags))
-    trace = losses(log)
+    vectors, trace = [], []
+    for epochs in (1, 2):
+        log = fairseq_inprocess("train", *train_args(tiny_data / "bin", tmp_path, "transformer_scalenorm", *flags,
+                                                      max_epoch=epochs))
+        trace += losses(log)
+        state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
+        vectors.append({side: state["model"][f"{side}.embed_positions.language"] for side in ("encoder", "decoder")})
     assert len(trace) == 2 and trace[1] < trace[0], trace
-    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
     cfg = state["cfg"]
     assert cfg["model"].language_embeddings and cfg["model"].word_dropout_specials
     assert cfg["criterion"]["label_smoothing_form"] == "uniform"
-    for side in ("encoder", "decoder"):
-        vector = state["model"][f"{side}.embed_positions.language"]
-        assert vector.shape == (32,) and 0 < vector.square().mean() < 1
+    for side, first in vectors[0].items():
+        assert first.shape == (32,) and not torch.equal(first, vectors[1][side]), side
     fairseq_inprocess("generate", tiny_data / "bin", "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
                       "--beam", "4", "--batch-size", "16", "--gen-subset", "valid", "--results-path", tmp_path)
     hyps = [line for line in (tmp_path / "generate-valid.txt").read_text().splitlines() if line.startswith("H-")]
