@@ -12,7 +12,7 @@ from .positions import POSITIONS
 from .smallinit import INIT_SCHEMES
 
 SITES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
-ATTENTION_HELP = ("attention in {} (default: softmax). qknorm: l_p-normalised q and k with a learned scale g; "
+ATTENTION_HELP = ("attention in {}. qknorm: l_p-normalised q and k with a learned scale g; "
                   "dnas/hnas (encoder only): doubly-normalised/hybrid weights over dot-product scores, "
                   "qknorm+dnas/qknorm+hnas over QKNorm scores")
 
@@ -41,7 +41,7 @@ class QKNormConfig(FairseqDataclass):
         default="softmax", metadata={"help": ATTENTION_HELP.format(SITES["cross"])})
     qknorm_p: float = field(default=2.0, metadata={"help": "p of the l_p norm in QKNorm, p >= 1"})
     qknorm_length: Optional[float] = field(
-        default=None, metadata={"help": "L for QKNorm's g0 = log2(L^2 - L); default: the --qknorm-percentile of the "
+        default=None, metadata={"help": "L for QKNorm's g0 = log2(L^2 - L); unset: the --qknorm-percentile of the "
                                         "train split's source and target lengths in the data directory"})
     qknorm_g0: Optional[float] = field(
         default=None, metadata={"help": "QKNorm's initial g, overriding --qknorm-length"})
@@ -52,7 +52,7 @@ class QKNormConfig(FairseqDataclass):
         default=False, metadata={"help": "word dropout may also replace EOS and BOS (every non-pad token), as both "
                                          "original code bases do; without it only ordinary tokens"})
     language_embeddings: bool = field(
-        default=False, metadata={"help": "add a learned vector, N(0, 1/d) at init, to every source input embedding and "
+        default=False, metadata={"help": "add a learned vector, N(0, d^-0.5) at init, to every source input embedding and "
                                          "another to every target one: both original code bases' language embedding, "
                                          "one language a side (qknorm_fairseq/language_embedding.py)"})
     target_vocab_mask: bool = field(
@@ -85,13 +85,17 @@ DEFAULTS = {f.name: f.default for f in FLAGS}
 
 def add_args(parser):
     """The flags of QKNormConfig as fairseq makes them, plus --no-FLAG for every boolean (a preset
-    sets some). No argparse defaults: a flag left out is unset, so that a preset can fill it."""
+    sets some), fairseq's two PreNorm flags included. No argparse defaults: a flag left out is unset,
+    so that a preset can fill it."""
     group = parser.add_argument_group("qknorm-fairseq: normalisation, attention and the original code's details")
     gen_parser_from_dataclass(group, QKNormConfig(), delete_default=True)
     for f in FLAGS:
         if f.type is bool:
             flag = f.name.replace("_", "-")
             group.add_argument(f"--no-{flag}", dest=f.name, action="store_false", help=f"turn --{flag} off")
+    for side in ("encoder", "decoder"):
+        group.add_argument(f"--no-{side}-normalize-before", dest=f"{side}_normalize_before", action="store_false",
+                           help=f"PostNorm in the {side}, also under a PreNorm preset")
 
 
 def fill(args, **defaults):

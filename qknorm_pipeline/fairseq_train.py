@@ -1,4 +1,4 @@
-"""`fairseq-train` with three fixes for the hardware people actually have.
+"""`fairseq-train` with four fixes for the hardware people actually have.
 
     python -m qknorm_pipeline.fairseq_train [fairseq-train arguments]      (what scripts/train.sh runs)
 

@@ -17,6 +17,7 @@ Exit status: 0 every run passed, 2 a usage error, 1 a failure or a run that did 
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -112,6 +113,13 @@ def parser():
     return p
 
 
+def command_line(a):
+    """The command that trains and checks what A asked for (--report-only left out)."""
+    systems = ["--systems", a.systems] if a.systems else []
+    return shlex.join(["bash", "scripts/precision_check.sh", "--pair", a.pair, "--updates", str(a.updates), "--warmup",
+                       str(a.warmup), "--jobs", str(a.jobs), *systems, "--tolerance", f"{a.tolerance:g}"])
+
+
 def run(a):
     import torch
 
@@ -138,7 +146,7 @@ def run(a):
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     settings = (f"{a.pair} recipe (configs/{a.pair}.yaml), {a.updates} updates, warmup shortened to {a.warmup} updates, "
                 f"seed 1, no validation; {gpu}, torch {torch.__version__}; {a.jobs} runs sharing the GPU. Command: "
-                f"bash scripts/precision_check.sh --pair {a.pair} --updates {a.updates} --warmup {a.warmup}")
+                f"{command_line(a)}")
     out = os.path.join(where.results, "gpu", "precision")
     if not report(os.path.join(where.logs, a.pair), systems, settings, out, tolerance=a.tolerance):
         raise UserError(f"a precision failed the check or a run is missing: {short(out)}.md says which")

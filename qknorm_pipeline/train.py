@@ -194,7 +194,7 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
 
 def plan_stock(pair, system, name, args, precision, where, check=True):
     """The Run of a stock fairseq row SYSTEM named NAME: ARGS from recipes.stock_args, whose --save-dir
-    ends in PAIR/NAME, plain fairseq-train without --user-dir. CHECK: as plan's."""
+    ends in PAIR/NAME, without --user-dir: plain fairseq-train in fp32, our entry point in bf16 and fp16. CHECK: as plan's."""
     gpu = has_gpu()
     args = args + ([] if gpu else ["--cpu"])
     if not gpu and check:

@@ -10,8 +10,8 @@ usage: bash scripts/benchmark.sh [speed] [--reps N] [--dim D] [--layers L] [spee
 speed (the default): interleaved runs of every preset and of stock fairseq `transformer` with the
 same dimensions, data, batch and dropout: training target tokens/s (after warm-up), peak memory,
 beam-4 decoding sentences/s; median and spread; ratios to the stock model. CPU by default (one
-thread, small dimensions, a few minutes); with a CUDA device: GPU + bf16 (fairseq's base size:
---dim 512 --layers 6 --heads 8). Writes $RESULTS_DIR/benchmark.{md,json}.
+thread, small dimensions, a few minutes); with a CUDA device: GPU + bf16 at the same dimensions (--dim 512
+--layers 6 --heads 8 for fairseq's base size). Writes $RESULTS_DIR/benchmark.{md,json}.
 fairseq-train: real fairseq-train updates/s of a prepared pair's recipe against stock fairseq,
 appended to results/gpu/throughput.json (results/throughput-cpu.json on a CPU).
 validation: fairseq-train's dev-set decoding (its validation) at several --max-tokens-valid values:

@@ -20,7 +20,7 @@ costliest (self time; op_ms, top_ops);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
 all tokens, source and target together). --plain runs fairseq's own Trainer (plain fairseq-train,
-as the stock rows run); otherwise qknorm_pipeline.fairseq_train's, which here also trains --cpu
+as the fp32 stock rows of a study run); otherwise qknorm_pipeline.fairseq_train's, which here also trains --cpu
 --bf16 on a CPU without native bf16 (the counts do not depend on the instructions; the times do).
 """
 import json

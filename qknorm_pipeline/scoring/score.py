@@ -1,7 +1,7 @@
 """Score several systems against one reference with every metric, plus significance.
 
     python -m qknorm_pipeline.scoring --ref REF --sys NAME=HYP [--sys NAME2=HYP2 ...]
-        [--baseline NAME] [--detok none|moses|treebank] [--lang LANG]
+        [--baseline NAME] [--detok none|moses|treebank|treebank_unescape] [--lang LANG]
         [--metric multi_bleu|multi_bleu_detok|sacrebleu] [--test bootstrap|ar]
         [--n-samples N] [--seed S] [--json] [--output FILE]
 

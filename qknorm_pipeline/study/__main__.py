@@ -5,8 +5,8 @@ learning rate of a grid, then more seeds at its best rate (configs/studies/gl-en
 decoding alike; a report of test BLEU with significance tests over seeds and sentences, training
 wall time and dev-BLEU curves.
 
-usage: bash scripts/study.sh [--config FILE] [--systems "a b"] [--seeds N] [--max-update N]
-                             [--source-dir DIR] [--report-only] [--dry-run] [--verbose]
+usage: bash scripts/study.sh [--config FILE] [--systems "a b"] [--seeds N] [--runs "RUN ..."]
+                             [--max-update N] [--source-dir DIR] [--report-only] [--dry-run] [--verbose]
        (python -m qknorm_pipeline.study takes the same arguments)
 
 Steps, each resumable (the study spans sessions; re-run the same command to go on):

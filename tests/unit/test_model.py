@@ -211,6 +211,12 @@ def test_language_embeddings_need_positions(tiny_data):
 def test_norm_types_and_placement(tiny_data):
     model, _ = build(tiny_data / "bin", "transformer_postnorm")
     assert model.encoder.layer_norm is None and not model.encoder.layers[0].normalize_before
+    # a PreNorm preset made PostNorm on one side by fairseq's flag's negation (PostNorm + FixNorm + ScaleNorm)
+    model, _ = build(tiny_data / "bin", "transformer_scalenorm", "--no-encoder-normalize-before")
+    assert model.encoder.layer_norm is None and not model.encoder.layers[0].normalize_before
+    assert model.decoder.layer_norm is not None and model.decoder.layers[0].normalize_before
+    assert type(model.encoder.layers[0].final_layer_norm) is ScaleNorm
+    assert type(model.encoder.embed_tokens).__name__ == "FixNormEmbedding"
     model, _ = build(tiny_data / "bin", "transformer_scalenorm")
     norms = [m for m in model.modules() if isinstance(m, ScaleNorm)]
     # 2 per encoder layer, 3 per decoder layer, 2 final norms

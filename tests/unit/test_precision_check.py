@@ -2,6 +2,7 @@
 fixes to fairseq's arguments (tests/integration/test_fairseq_cli.py: decoding precision on a CPU)."""
 import argparse
 import json
+import shlex
 
 import pytest
 
@@ -99,3 +100,15 @@ def test_cpu_ranks_get_legacy_ddp_unless_told_otherwise(monkeypatch):
     assert fix_args(ns(cpu=True, distributed_world_size=2), given).ddp_backend == "pytorch_ddp"
     monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun's
     assert fix_args(ns(cpu=True), []).ddp_backend == "legacy_ddp"
+
+
+@pytest.mark.parametrize("argv", [[], ["--pair", "en-vi", "--updates", "50", "--jobs", "14", "--systems", "postnorm qknorm",
+                                       "--tolerance", "0.02", "--report-only"]])
+def test_the_reports_command_asks_for_what_was_checked(argv):
+    parser = precision_check.parser()
+    asked = parser.parse_args(argv)
+    line = precision_check.command_line(asked)
+    words = shlex.split(line)
+    assert words[:2] == ["bash", "scripts/precision_check.sh"]
+    again = parser.parse_args(words[2:])
+    assert vars(again) == dict(vars(asked), report_only=False)
