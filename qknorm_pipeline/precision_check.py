@@ -117,7 +117,7 @@ def command_line(a):
     """The command that trains and checks what A asked for (--report-only left out)."""
     systems = ["--systems", a.systems] if a.systems else []
     return shlex.join(["bash", "scripts/precision_check.sh", "--pair", a.pair, "--updates", str(a.updates), "--warmup",
-                       str(a.warmup), "--jobs", str(a.jobs), *systems, "--tolerance", f"{a.tolerance:g}"])
+                       str(a.warmup), "--jobs", str(a.jobs), *systems, "--tolerance", repr(a.tolerance)])
 
 
 def run(a):

@@ -103,7 +103,7 @@ def test_cpu_ranks_get_legacy_ddp_unless_told_otherwise(monkeypatch):
 
 
 @pytest.mark.parametrize("argv", [[], ["--pair", "en-vi", "--updates", "50", "--jobs", "14", "--systems", "postnorm qknorm",
-                                       "--tolerance", "0.02", "--report-only"]])
+                                       "--tolerance", "0.0123456789", "--report-only"]])
 def test_the_reports_command_asks_for_what_was_checked(argv):
     parser = precision_check.parser()
     asked = parser.parse_args(argv)
