@@ -10,14 +10,13 @@ above their maximum when lower is better (loss). Validations made during warmup 
 history but never trigger a decay. The peak is `--lr` (TwT's rule, lambda * d^-0.5 * warmup^-0.5,
 is computed by the recipes: qknorm_pipeline/recipes.py). NOWARMUP: `--warmup-updates 0 --lr 3e-4`.
 
-Stopping: training ends once the LR is below a minimum (the TwT paper: 1e-6, its code: 5e-5; the
-QKNorm code: 1e-5, 5e-5 on gl->en). Use `--decay-stop-lr`, not fairseq's `--stop-min-lr`: fairseq
-compares `lr <= --stop-min-lr` at start-up and at every end of a pass over the data, warmup
-included, so a warmup from 0 would end training before it starts (this scheduler refuses that
-combination with an error). With `--decay-stop-lr`, the
-validation whose decay takes the LR strictly below the minimum ends training: the scheduler
-sets the run's `max_update` to the current update, so fairseq-train performs one more update,
-validates, saves and stops.
+Stopping: training ends once the LR is below a minimum (each procedure's: configs/base.yaml,
+stopping:). Use `--decay-stop-lr`, not fairseq's `--stop-min-lr`: fairseq compares
+`lr <= --stop-min-lr` at start-up and at every end of a pass over the data, warmup included, so a
+warmup from 0 would end training before it starts (this scheduler refuses that combination with an
+error). With `--decay-stop-lr`, the validation whose decay takes the LR strictly below the minimum
+ends training: the scheduler sets the run's `max_update` to the current update, so fairseq-train
+performs one more update, validates, saves and stops.
 
 Which validations it sees: fairseq itself calls `step(epoch, val)` once per pass over the
 training data. With the `translation_qk` task (qknorm_fairseq/task.py) every validation,

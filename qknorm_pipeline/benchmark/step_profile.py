@@ -19,8 +19,8 @@ during update K - 1, with torch.profiler: the CPU time of its ATen ops and the s
 costliest (self time; op_ms, top_ops);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
-all tokens, source and target together). --plain runs fairseq's own Trainer (plain fairseq-train,
-as the fp32 stock rows of a study run); otherwise qknorm_pipeline.fairseq_train's, which here also trains --cpu
+all tokens, source and target together). --plain runs fairseq's own Trainer (plain
+fairseq-train); otherwise qknorm_pipeline.fairseq_train's, which here also trains --cpu
 --bf16 on a CPU without native bf16 (the counts do not depend on the instructions; the times do).
 """
 import json

@@ -3,9 +3,8 @@
 A run whose record was made by the same command is skipped; one whose record differs only by a
 smaller --max-update continues from its checkpoints; any other difference stops the study (move
 the record away to redo the run). Each run: train (our systems: the train step with the study's
-flags; stock rows: fairseq's model without --user-dir, plain fairseq-train in fp32, train.plan_stock),
-resumed from checkpoint_last.pt; decode the test set with the best-dev and with the last checkpoint;
-write the record.
+flags; stock rows: train.plan_stock's), resumed from checkpoint_last.pt; decode the test set with
+the best-dev and with the last checkpoint; write the record.
 """
 import os
 import shlex

@@ -21,6 +21,20 @@ def test_readme_table_lists_every_preset():
     assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(ARCHS)
 
 
+def test_readme_flags_table_names_every_model_flag():
+    # every flag of QKNormConfig (and its --no- form for a boolean) is in the README's flags table
+    from qknorm_fairseq.config import FLAGS
+
+    text = open(f"{REPO}/README.md", encoding="utf-8").read()
+    table = text.split("| flag | meaning | default |")[1].split("\n\n")[0]
+    named = set()
+    for flag in re.findall(r"--[\w{},-]+", table):
+        braces = re.fullmatch(r"--\{([\w,]+)\}(-[\w-]+)", flag)
+        named |= {f"--{a}{braces[2]}" for a in braces[1].split(",")} if braces else {flag}
+    missing = [f.name for f in FLAGS if "--" + f.name.replace("_", "-") not in named]
+    assert not missing, f"README's flags table lacks {missing}"
+
+
 def full_and_stepwise(model, src, lengths, prev):
     """The decoder's logits (eval mode) in one pass and one step at a time, as beam search runs it."""
     with torch.no_grad():
