@@ -19,7 +19,9 @@
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
 hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU; the plugin's
-fairseq_quirks.py quiets fairseq's import); every other warning and every log record stays.
+fairseq_quirks.py quiets fairseq's import); every other warning and every log record stays. And
+it logs the machine it runs on (`machine: CPU, ...; torch ...`, with the GPU first on one), so a
+train log says where each start of a run trained.
 """
 import functools
 import logging
@@ -28,9 +30,10 @@ import signal
 import sys
 import warnings
 
-from .paths import cpu_has_bf16
+from .paths import cpu_has_bf16, machine
 
 logger = logging.getLogger("qknorm_pipeline.fairseq_train")
+MACHINE = "machine: "
 
 # (category, start of the message) of warnings raised inside fairseq, hydra and torch on every start
 NOISE = (
@@ -80,7 +83,9 @@ def fix_args(ns, argv):
 def wrap_parser(parse, argv):
     def parse_args_and_arch(*args, **kwargs):
         out = parse(*args, **kwargs)
-        fix_args(out[0] if isinstance(out, tuple) else out, argv)
+        ns = fix_args(out[0] if isinstance(out, tuple) else out, argv)
+        # the train log's record of where each (re)start ran (study/records.py reads it)
+        logger.info(f"{MACHINE}{machine(gpu=not getattr(ns, 'cpu', False))}")
         return out
 
     return parse_args_and_arch

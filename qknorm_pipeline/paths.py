@@ -71,6 +71,24 @@ def cpu_name():
         return platform.processor() or platform.machine()
 
 
+def machine(gpu=False):
+    """This machine as results name it: its CPU, core count, system, and torch's threads and CPU
+    kernels; with GPU, the CUDA devices torch sees first (none: the CPU's line alone)."""
+    import platform
+
+    line = f"{cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+    try:
+        import torch
+    except ImportError:
+        return line
+    line += f"; torch {torch.__version__}, {torch.get_num_threads()} threads, " \
+            f"{torch.backends.cpu.get_cpu_capability()} kernels"
+    if gpu and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        line = f"{torch.cuda.get_device_name(0)}{f' x{n}' if n > 1 else ''}; {line}"
+    return line
+
+
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86-64 AVX512-BF16 / AMX; aarch64 BF16
 
 

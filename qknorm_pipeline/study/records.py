@@ -14,7 +14,9 @@ timestamp minus its first, and a run's wall time is the sum over its segments (t
 and checkpoint saving; Python's start-up before fairseq's first line is not counted). fairseq's own
 "wall" field is not used: it restarts at every resumption. A validation's place on the time axis is
 the time of the segments before it plus its offset in its own segment; when a resumed run
-validates an update again, the later validation is kept.
+validates an update again, the later validation is kept. A segment's machine is the one the
+training entry point logs (`| qknorm_pipeline.fairseq_train | machine: ...`); logs written before it
+did have none.
 """
 import os
 import re
@@ -29,6 +31,7 @@ from ..processes import command_change
 from .config import StudyError, all_systems, best_rate, run_name
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
+MACHINE = re.compile(r"\| qknorm_pipeline\.fairseq_train \| machine: (.+)$")
 
 
 def _lines(text):
@@ -76,15 +79,15 @@ def write_record(rec_dir, log_path, best_dir, last_dir, command):
 
 
 def read_run(path):
-    """{'wall_s', 'segments', 'updates', 'curve': [{'updates', 'wall_s', 'bleu'}], 'commands'} of one
-    run's train.log (see the module docstring)."""
+    """{'wall_s', 'segments', 'updates', 'curve': [{'updates', 'wall_s', 'bleu'}], 'commands',
+    'machines': [each segment's machine or None]} of one run's train.log (see the module docstring)."""
     if not os.path.isfile(path):
         raise StudyError(f"no train log {path!r}: train the run first (bash scripts/study.sh)")
     segments, commands = [], []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.startswith("# "):
-                segments.append({"first": None, "last": None, "valid": [], "updates": 0})
+                segments.append({"first": None, "last": None, "valid": [], "updates": 0, "machine": None})
                 commands.append(shareable_text(line[2:].strip().partition(" ")[2]))
                 continue
             m = STAMP.match(line)
@@ -97,6 +100,10 @@ def read_run(path):
             seg = segments[-1]
             seg["first"] = t if seg["first"] is None else seg["first"]
             seg["last"] = t
+            found = MACHINE.search(line.rstrip("\n"))
+            if found:
+                seg["machine"] = found.group(1)
+                continue
             parsed = parse_line(line)
             if parsed is None:
                 continue
@@ -114,7 +121,8 @@ def read_run(path):
             points[updates] = {"updates": updates, "wall_s": wall + t - seg["first"], "bleu": bleu}
         wall += seg["last"] - seg["first"]
     return {"wall_s": wall, "segments": len(segments), "updates": max([s["updates"] for s in segments] or [0]),
-            "curve": [points[u] for u in sorted(points)], "commands": commands}
+            "curve": [points[u] for u in sorted(points)], "commands": commands,
+            "machines": [s["machine"] for s in segments]}
 
 
 def recorded(records_dir, run):

@@ -14,18 +14,17 @@ in this order:
 - The papers' claims of the config (claims:), tested alike as a family of their own: supported,
   contradicted or not resolved.
 - Where each run's best dev BLEU fell (before its last validation, or still improving).
-- Training wall time per run, our runs' mean updates/s against the stock rows', and the dev-BLEU
-  curves.
+- Training wall time per run and the machines it trained on, our runs' mean updates/s against the
+  stock rows', and the dev-BLEU curves.
 """
 import json
 import math
 import os
-import platform
 import shlex
 from datetime import datetime
 
 from ..files import write_atomic
-from ..paths import cpu_name, shareable
+from ..paths import machine, shareable
 from ..scoring.compare import fmt_mean_sd, mean_sd
 from ..scoring.score import score_runs
 from ..scoring.significance import format_p, holm, pooled_variance, seed_t_test, sentence_variance
@@ -36,17 +35,6 @@ from .records import best_rates, read_run, recorded
 METRIC = "multi_bleu_detok"
 N_SAMPLES = 10000  # test-set resamples of the sentence term
 ALPHA = 0.05       # a pair is resolved when its Holm-adjusted p is below this
-
-
-def machine():
-    try:
-        import torch
-
-        kernels = f"; torch {torch.__version__}, {torch.get_num_threads()} threads, " \
-                  f"{torch.backends.cpu.get_cpu_capability()} kernels"
-    except ImportError:
-        kernels = ""
-    return f"{cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}{kernels}"
 
 
 def _score(ref, hyps, detok, lang):
@@ -127,6 +115,10 @@ def seeds_of(found, system):
     return {v["run"].seed: v for v in found.values() if v["run"].system == system and v["main"]}
 
 
+def sorted_seeds(found, system):
+    return [v for _, v in sorted(seeds_of(found, system).items())]
+
+
 def ranking_text(systems, score):
     """SYSTEMS in their order, '>' between neighbours, '=' where their scores print alike (2 decimals)."""
     text = systems[0]
@@ -142,7 +134,7 @@ def rate_text(cfg, rate):
 def main_rows(cfg, found):
     rows = []
     for system in config.all_systems(cfg):
-        by_seed = dict(sorted(seeds_of(found, system).items()))
+        by_seed = {v["run"].seed: v for v in sorted_seeds(found, system)}
         if not by_seed:
             continue
         row = {"system": system, "seeds": list(by_seed)}
@@ -406,7 +398,7 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
              command, signature, peak_lr, runs_text):
     m = cfg.model
     lines = [f"# {cfg.name}: TED gl→en, {len(rows)} systems", "",
-             f"Command: `{command}`  ", f"Machine: {machine()}  ",
+             f"Command: `{command}`  ", f"Report built on: {machine()} (the runs' machines: Training wall time)  ",
              f"Date: {datetime.now().astimezone().isoformat(timespec='seconds')}  ",
              f"Settings: {cfg.config}; d = {m.embed_dim}, {m.layers}+{m.layers} layers, {m.heads} heads, ffn "
              f"{m.ffn_dim}; {n} updates of at most 4,096 tokens in {cfg.precision}; warmup {warmup}; greedy dev BLEU every {interval} "
@@ -443,19 +435,55 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
     if claims:
         lines += claims_section(cfg, claims, n)
     lines += plateau_section(plateau, curves=not lrs)  # else in the LR section
-    lines += ["## Training wall time", "", "| system | updates per seed | wall time per run, min | updates/s |",
-              "|---|---|---|---|"]
+    labels = machine_labels(found)
+    lines += ["## Training wall time", "",
+              "| system | updates per seed | wall time per run, min | updates/s | machine per seed |",
+              "|---|---|---|---|---|"]
     for r in rows:
         ups = [u / (w * 60) for u, w in zip(r["updates"], r["wall_per_seed"]) if w]
         lines.append(f"| {r['system']} | {' '.join(map(str, r['updates']))} | {fmt_mean_sd(*r['wall_min'], 1)}"
-                     f"{per_seed(r['wall_per_seed'], 1)} | {sum(ups) / len(ups):.2f} |")
+                     f"{per_seed(r['wall_per_seed'], 1)} | {sum(ups) / len(ups):.2f} | "
+                     f"{' '.join(run_machines(v['log'], labels) for v in sorted_seeds(found, r['system']))} |")
     extra = [v for v in found.values() if not v["main"]]
     for v in extra:
-        lines.append(f"| {v['run'].name} | {v['log']['updates']} | {v['log']['wall_s'] / 60:.1f} | {updates_per_s(v['log']):.2f} |")
+        lines.append(f"| {v['run'].name} | {v['log']['updates']} | {v['log']['wall_s'] / 60:.1f} | "
+                     f"{updates_per_s(v['log']):.2f} | {run_machines(v['log'], labels)} |")
     total = sum(v["log"]["wall_s"] for v in found.values()) / 60
     lines += ["", f"Total training time: {total:.1f} min over {len(found)} runs (from the logs' timestamps; "
-              "validation included, test decoding not).", ""] + speed_text(found)
+              "validation included, test decoding not).", "", machines_text(found, labels), ""] + speed_text(found)
     return "\n".join(lines)
+
+
+def machine_labels(found):
+    """{machine: M1, M2, ...} over the runs' train logs, in the order the runs first name them."""
+    labels = {}
+    for v in found.values():
+        for m in v["log"]["machines"]:
+            if m is not None and m not in labels:
+                labels[m] = f"M{len(labels) + 1}"
+    return labels
+
+
+def run_machines(log, labels):
+    """A run's machines as its segments trained on them, e.g. M1 or M1+M2 ('?': a log without one)."""
+    seen = []
+    for m in log["machines"]:
+        label = labels.get(m, "?")
+        if label not in seen:
+            seen.append(label)
+    return "+".join(seen) or "?"
+
+
+def machines_text(found, labels):
+    count = {}
+    for v in found.values():
+        for label in set(run_machines(v["log"], labels).split("+")):
+            count[label] = count.get(label, 0) + 1
+    parts = [f"{label} = {m} ({count[label]} run{'s' * (count[label] != 1)})" for m, label in labels.items()]
+    if "?" in count:
+        parts.append(f"? = not recorded ({count['?']} run{'s' * (count['?'] != 1)}: a start logged before the training "
+                     "entry point named its machine)")
+    return "Machines (each start of a run logs its own): " + "; ".join(parts) + "."
 
 
 def updates_per_s(log):
@@ -473,7 +501,7 @@ def speed_text(found):
     n_ours, n_stock = (f"{len(u)} run{'s' * (len(u) != 1)}" for u in (ups[False], ups[True]))
     return [f"Mean speed over the runs: ours {ours:.3f} updates/s ({n_ours}), stock fairseq {stock:.3f} "
             f"({n_stock}): ours at {ours / stock:.2f}× stock's. A rough ratio: the runs trained one at a time, "
-            "in sessions that may have had different machines; `bash scripts/benchmark.sh fairseq-train` measures it "
+            "on the machines above; `bash scripts/benchmark.sh fairseq-train` measures it "
             "side by side.", ""]
 
 
@@ -516,7 +544,8 @@ def write(cfg, chosen, where, records_dir, max_update=None, command=None):
                               "lr": v["run"].lr,
                               "test": {k: v["test"][k] for k in ("multi_bleu", METRIC, "sacrebleu")},
                               "last": v["last"], "last_source": v["last_source"],
-                              **{k: v["log"][k] for k in ("wall_s", "segments", "updates", "curve", "commands")}}
+                              **{k: v["log"][k] for k in ("wall_s", "segments", "updates", "curve", "commands",
+                                                          "machines")}}
                        for name, v in found.items()}}
     write_atomic(os.path.join(out, "study.json"), json.dumps(result, indent=1) + "\n")
     md = os.path.join(out, "study.md")

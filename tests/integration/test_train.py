@@ -1,8 +1,12 @@
 """scripts/train.sh as a user runs it: the command it prints, its errors, a short real training."""
 import dataclasses
+import os
 import re
 import shlex
 import shutil
+
+from qknorm_pipeline.paths import cpu_name
+from qknorm_pipeline.study import records
 
 from helpers import script
 
@@ -67,6 +71,9 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
     assert re.search(r"\| INFO \| train_inner \| \{.*\"num_updates\": \"4\"", text)
     valid = re.findall(r"\| INFO \| valid \| (\{.*\})", text)
     assert len(valid) == 2 and all('"valid_bleu"' in v for v in valid)  # dev BLEU every 2 updates
+    # where it trained, as a study's report reads it from the log (a CPU run: the CPU's line alone)
+    (machine,) = records.read_run(str(log))["machines"]
+    assert machine.startswith(f"{cpu_name()}, {os.cpu_count()} CPUs, ") and " kernels" in machine, machine
     # the same command again is skipped (resuming is fairseq's, from checkpoint_last.pt: test_lr_scheduler)
     p = _train_sh("demo", "postnorm", *extra, **roots)
     assert p.returncode == 0 and "already trained with this command" in p.stderr

@@ -41,6 +41,7 @@ RESUMED = (
     + _line("12:03:05", "valid", {"valid_loss": 7.0, "valid_bleu": 2.0, "valid_num_updates": 40, "wall": 180})
     + "2026-01-01 12:03:10 | INFO | fairseq.checkpoint_utils | Preparing to save checkpoint for update 40\n"
     "# 2026-01-01T13:00:00Z python -m qknorm_pipeline.fairseq_train data-bin --user-dir x\n"
+    "2026-01-01 13:00:10 | INFO | qknorm_pipeline.fairseq_train | machine: Some CPU, 2 CPUs; torch 2.13\n"
     "2026-01-01 13:00:10 | INFO | fairseq.trainer | Loaded checkpoint checkpoint_last.pt (epoch 1 @ 20 updates)\n"
     + _line("13:01:10", "valid", {"valid_loss": 6.5, "valid_bleu": 2.5, "valid_num_updates": 40, "wall": 0})
     + _line("13:02:10", "valid", {"valid_loss": 6.0, "valid_bleu": 3.0, "valid_num_updates": 60, "wall": 0})
@@ -60,6 +61,7 @@ def test_wall_time_is_summed_over_resumptions(tmp_path):
                             {"updates": 40, "wall_s": 245, "bleu": 2.5},
                             {"updates": 60, "wall_s": 305, "bleu": 3.0}]
     assert run["commands"][0] == "python -m qknorm_pipeline.fairseq_train data-bin --user-dir x"
+    assert run["machines"] == [None, "Some CPU, 2 CPUs; torch 2.13", None]  # the first start logged none
 
 
 def test_log_not_written_by_the_scripts_is_refused(tmp_path):
@@ -505,11 +507,26 @@ def test_report_compares_our_speed_with_the_stock_rows_run_by_run(tmp_path):
     runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5), "qknorm_lr1e-3": (900, [2.0, 3.0], 0.2),
             "fairseq_transformer_lr1e-3": (480, [1.0, 2.5], 0.4)}
     where, records_dir, refs, hyps = _records(tmp_path, runs)
+    machine = "2026-01-01 12:00:01 | INFO | qknorm_pipeline.fairseq_train | machine: {}\n"
+    for run, logged in (("postnorm_lr1e-3", ["CPU A, 2 CPUs"]), ("qknorm_lr1e-3", ["CPU A, 2 CPUs", "CPU B"])):
+        start, rest = open(os.path.join(records_dir, run, "train.log")).read().split("\n", 1)
+        segment = start + "\n" + machine.format(logged[0]) + rest
+        if len(logged) > 1:  # a second start, logged before it validates anything
+            segment += start.replace("12:00:00Z", "13:00:00Z") + "\n" + machine.format(logged[1]).replace("12:", "13:")
+        open(os.path.join(records_dir, run, "train.log"), "w").write(segment)
     chosen = config.runs(cfg, ["postnorm", "qknorm", "fairseq_transformer"], seeds=1)
     text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
     ours, stock = (20 / 600 + 20 / 900) / 2, 20 / 480
     assert (f"Mean speed over the runs: ours {ours:.3f} updates/s (2 runs), stock fairseq {stock:.3f} (1 run): "
             f"ours at {ours / stock:.2f}× stock's.") in text
+    # the machine each start of a run logged: postnorm on A, qknorm on A then (resumed) on B, the
+    # stock run's log from before the entry point logged one
+    assert "| postnorm | 20 | 10.0 | 0.03 | M1 |" in text and "| qknorm | 20 | 15.0 | 0.02 | M1+M2 |" in text
+    assert "| fairseq_transformer | 20 | 8.0 | 0.04 | ? |" in text
+    assert ("Machines (each start of a run logs its own): M1 = CPU A, 2 CPUs (2 runs); M2 = CPU B (1 run); "
+            "? = not recorded (1 run: a start logged before the training entry point named its machine).") in text
+    assert json.load(open(os.path.join(where.results, "study.json")))["runs"]["qknorm_lr1e-3"]["machines"] == \
+        ["CPU A, 2 CPUs", "CPU B"]
     # without a stock run there is nothing to compare
     text = open(report.write(cfg, config.runs(cfg, ["postnorm", "qknorm"], seeds=1), where, records_dir,
                              command=["bash", "scripts/study.sh", "--report-only"])).read()
