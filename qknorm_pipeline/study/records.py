@@ -24,6 +24,7 @@ import shlex
 import shutil
 from datetime import datetime
 
+from .. import fairseq_train
 from ..fairseq_log import parse_line
 from ..files import atomic_dir, write_atomic
 from ..paths import shareable_text
@@ -31,7 +32,7 @@ from ..processes import command_change
 from .config import StudyError, all_systems, best_rate, run_name
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
-MACHINE = re.compile(r"\| qknorm_pipeline\.fairseq_train \| machine: (.+)$")
+MACHINE = re.compile(rf"\| {re.escape(fairseq_train.logger.name)} \| {fairseq_train.MACHINE}(.+)$")
 
 
 def _lines(text):

@@ -115,10 +115,6 @@ def seeds_of(found, system):
     return {v["run"].seed: v for v in found.values() if v["run"].system == system and v["main"]}
 
 
-def sorted_seeds(found, system):
-    return [v for _, v in sorted(seeds_of(found, system).items())]
-
-
 def ranking_text(systems, score):
     """SYSTEMS in their order, '>' between neighbours, '=' where their scores print alike (2 decimals)."""
     text = systems[0]
@@ -134,7 +130,7 @@ def rate_text(cfg, rate):
 def main_rows(cfg, found):
     rows = []
     for system in config.all_systems(cfg):
-        by_seed = {v["run"].seed: v for v in sorted_seeds(found, system)}
+        by_seed = dict(sorted(seeds_of(found, system).items()))
         if not by_seed:
             continue
         row = {"system": system, "seeds": list(by_seed)}
@@ -443,7 +439,7 @@ def markdown(cfg, rows, ranked, tests, pooled, lrs, rankings, hold, claims, plat
         ups = [u / (w * 60) for u, w in zip(r["updates"], r["wall_per_seed"]) if w]
         lines.append(f"| {r['system']} | {' '.join(map(str, r['updates']))} | {fmt_mean_sd(*r['wall_min'], 1)}"
                      f"{per_seed(r['wall_per_seed'], 1)} | {sum(ups) / len(ups):.2f} | "
-                     f"{' '.join(run_machines(v['log'], labels) for v in sorted_seeds(found, r['system']))} |")
+                     f"{' '.join(run_machines(v['log'], labels) for _, v in sorted(seeds_of(found, r['system']).items()))} |")
     extra = [v for v in found.values() if not v["main"]]
     for v in extra:
         lines.append(f"| {v['run'].name} | {v['log']['updates']} | {v['log']['wall_s'] / 60:.1f} | "
@@ -464,20 +460,19 @@ def machine_labels(found):
     return labels
 
 
+def run_labels(log, labels):
+    """A run's machines in the order its segments trained on them ('?': a start that logged none)."""
+    return list(dict.fromkeys(labels.get(m, "?") for m in log["machines"])) or ["?"]
+
+
 def run_machines(log, labels):
-    """A run's machines as its segments trained on them, e.g. M1 or M1+M2 ('?': a log without one)."""
-    seen = []
-    for m in log["machines"]:
-        label = labels.get(m, "?")
-        if label not in seen:
-            seen.append(label)
-    return "+".join(seen) or "?"
+    return "+".join(run_labels(log, labels))  # M1, or M1+M2 for a run resumed on another machine
 
 
 def machines_text(found, labels):
     count = {}
     for v in found.values():
-        for label in set(run_machines(v["log"], labels).split("+")):
+        for label in run_labels(v["log"], labels):
             count[label] = count.get(label, 0) + 1
     parts = [f"{label} = {m} ({count[label]} run{'s' * (count[label] != 1)})" for m, label in labels.items()]
     if "?" in count:
