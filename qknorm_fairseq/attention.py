@@ -18,18 +18,18 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
-from .norms import l2_normalize
+from .norms import _fp32_norm, l2_normalize
 
 # --*-attention NAME -> (scores, weights)
 ATTENTIONS = {"softmax": ("dot", "softmax"), "qknorm": ("qknorm", "softmax"), "dnas": ("dot", "dnas"),
               "hnas": ("dot", "hnas"), "qknorm+dnas": ("qknorm", "dnas"), "qknorm+hnas": ("qknorm", "hnas")}
 
 
-def lp_normalize(x, p, eps=1e-6):
+def lp_normalize(x, p, eps=1e-6, out=None):
     """x / max(||x||_p, eps) along the last dim, computed in fp32 (non-integer p is fragile in half
-    precision)."""
+    precision); written into OUT when given (no autograd; OUT may be x)."""
     if p == 2:
-        return l2_normalize(x, eps)
+        return l2_normalize(x, eps) if out is None else torch.div(x, _fp32_norm(x).clamp(min=eps), out=out)
     xf = x.float()
     # torch.linalg.vector_norm(ord=p) for p != 2 takes a generic kernel many times slower than these
     # elementwise ops on CPU (`python -m qknorm_pipeline.benchmark kernels`). Even p skips abs().
@@ -42,7 +42,8 @@ def lp_normalize(x, p, eps=1e-6):
     # clamp the sum, not the norm: d/ds s^(-1/p) is infinite at s = 0 and would turn a zero vector's
     # gradient into NaN; the floor stays a normal fp32 number for large p
     floor = max(eps ** p, torch.finfo(torch.float32).tiny)
-    return (xf * powered.sum(dim=-1, keepdim=True).clamp(min=floor).pow(-1.0 / p)).type_as(x)
+    scale = powered.sum(dim=-1, keepdim=True).clamp(min=floor).pow(-1.0 / p)
+    return (xf * scale).type_as(x) if out is None else torch.mul(xf, scale, out=out)
 
 
 def dnas_log_weights(scores, query_pad=None):
@@ -126,26 +127,13 @@ class NormAttention(MultiheadAttention):
             if "prev_key" in saved_state and static_kv:
                 key = value = None  # cross-attention: keys/values of the source are cached
 
-        q = self._heads(self.q_proj(query), bsz)
+        q = self.query_heads(query, bsz)
         k = v = None
         if self.self_attention:
-            k, v = self.k_proj(query), self.v_proj(query)
+            k, v = self.key_value_heads(query, query, bsz)
         elif key is not None:
-            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == bsz:
-                # beam search: every beam of a sentence shares the source; keep one copy (as fairseq)
-                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
-                if key_padding_mask is not None:
-                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0]
-                value = key
-            k, v = self.k_proj(key), self.v_proj(value)
-        kv_bsz = k.size(1) if k is not None else bsz
-        if k is not None:
-            k, v = self._heads(k, kv_bsz), self._heads(v, kv_bsz)
-        if self.scores == "qknorm":
-            # normalise before caching: incremental decoding then normalises each key once, not
-            # every cached key (and the whole source, in cross-attention) again at every step
-            q = lp_normalize(q, self.p)
-            k = None if k is None else lp_normalize(k, self.p)
+            k, v, key_padding_mask = self.source_keys(key, value, key_padding_mask, bsz)
+        kv_bsz = k.size(0) if k is not None else bsz
 
         if saved_state is not None:
             if "prev_key" in saved_state:
@@ -162,6 +150,44 @@ class NormAttention(MultiheadAttention):
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.bool()
 
+        out, weights = self.attend(q, k, v, key_padding_mask, attn_mask, explicit=need_weights)
+        if weights is not None:
+            weights = weights.reshape(bsz, self.num_heads, tgt_len, -1).transpose(0, 1)  # (heads, bsz, tgt, src)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return out, weights
+
+    def query_heads(self, query, bsz):
+        """The projected queries, (bsz, heads, len, head_dim); QKNorm: normalised."""
+        q = self._heads(self.q_proj(query), bsz)
+        return lp_normalize(q, self.p) if self.scores == "qknorm" else q
+
+    def key_value_heads(self, key, value, kv_bsz):
+        """The projected keys and values, (kv_bsz, heads, len, head_dim) each; QKNorm's keys
+        normalised before any caching: incremental decoding then normalises each key once, not every
+        cached key (and the whole source, in cross-attention) again at every step."""
+        k, v = self._heads(self.k_proj(key), kv_bsz), self._heads(self.v_proj(value), kv_bsz)
+        return (lp_normalize(k, self.p) if self.scores == "qknorm" else k), v
+
+    def source_keys(self, key, value, key_padding_mask, bsz):
+        """Encoder-decoder attention's keys, values and key padding mask for a batch of bsz queries. In
+        beam search (bsz = sentences x beam_size) every beam of a sentence shares the source: one
+        copy per sentence, as fairseq keeps it."""
+        if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == bsz:
+            key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0]
+            value = key
+        return (*self.key_value_heads(key, value, key.size(1)), key_padding_mask)
+
+    def attend(self, q, k, v, key_padding_mask=None, attn_mask=None, explicit=False):
+        """The attention of q (bsz, heads, tgt, head_dim) over k and v (kv_bsz, heads, src, head_dim),
+        through out_proj: (out (tgt, bsz, embed), weights). bsz may be a multiple of kv_bsz: the beams
+        of a sentence over its one copy of the source. With `explicit` (and always for DNAS/HNAS) the
+        weights are computed as such and returned, (bsz, heads, tgt, src): another rounding than the
+        fused kernel's; otherwise weights is None."""
+        bsz, _, tgt_len, _ = q.shape
+        kv_bsz = k.size(0)
         beams = bsz // kv_bsz
         if beams > 1:
             # fold the beams of one sentence into the query axis: (kv_bsz, heads, beams*tgt, d)
@@ -170,7 +196,7 @@ class NormAttention(MultiheadAttention):
             if attn_mask is not None:
                 attn_mask = attn_mask.repeat(beams, 1)
 
-        if self.weights == "softmax" and not need_weights:
+        if self.weights == "softmax" and not explicit:
             out, weights = self._fused(q, k, v, key_padding_mask, attn_mask), None
         else:
             out, weights = self._explicit(q, k, v, key_padding_mask, attn_mask)
@@ -180,12 +206,7 @@ class NormAttention(MultiheadAttention):
             if weights is not None:
                 weights = weights.view(kv_bsz, self.num_heads, beams, tgt_len, -1).transpose(1, 2)
         out = out.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
-        out = self.out_proj(out.reshape(tgt_len, bsz, self.embed_dim))
-        if weights is not None:
-            weights = weights.reshape(bsz, self.num_heads, tgt_len, -1).transpose(0, 1)  # (heads, bsz, tgt, src)
-            if not need_head_weights:
-                weights = weights.mean(dim=0)
-        return out, weights
+        return self.out_proj(out.reshape(tgt_len, bsz, self.embed_dim)), weights
 
     def _fused(self, q, k, v, key_padding_mask, attn_mask):
         """Softmax attention in the weights' precision: through scaled_dot_product_attention (fused

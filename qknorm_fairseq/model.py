@@ -251,14 +251,23 @@ class QKDecoder(TransformerDecoderBase):
             super().build_output_projection(cfg, dictionary, embed_tokens)
 
     def output_layer(self, features):
-        logits = super().output_layer(features)
-        if self.output_bias is not None and self.mask_output:
-            # one pass over tokens x types instead of two: the mask folded into the (V,) bias
-            return logits + self.output_bias.masked_fill(~self.allowed_types, float("-inf"))
-        if self.output_bias is not None:
-            logits = logits + self.output_bias
-        if self.mask_output:
-            logits = logits.masked_fill(~self.allowed_types, float("-inf"))
+        return self.finish_logits(super().output_layer(features), *self.logit_terms())
+
+    def logit_terms(self):
+        """(bias, blocked) that finish_logits applies to the output projection: the learned bias and the
+        types the mask blocks, each None when absent. With both, the mask is folded into the (V,) bias
+        (one pass over tokens x types instead of two) and blocked is None."""
+        blocked = ~self.allowed_types if self.mask_output else None
+        if self.output_bias is not None and blocked is not None:
+            return self.output_bias.masked_fill(blocked, float("-inf")), None
+        return self.output_bias, blocked
+
+    @staticmethod
+    def finish_logits(logits, bias, blocked):
+        if bias is not None:
+            logits = logits + bias
+        if blocked is not None:
+            logits = logits.masked_fill(blocked, float("-inf"))
         return logits
 
     def upgrade_state_dict_named(self, state_dict, name):

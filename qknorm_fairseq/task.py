@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 
 import torch
 from fairseq.dataclass import ChoiceEnum
-from fairseq.sequence_generator import SequenceGenerator
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from . import lr_scheduler as val_decay_module
 from .compile import compile_layers
+from .decoder_cache import CachedEnsemble, unsupported
 from .dictionary import ListStringDictionary
 from .length_buckets import LengthBucketDataset
 from .twt_search import TwTSequenceGenerator, gnmt_penalty
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 BEAM_SEARCHES = ("fairseq", "twt")
 
 LENGTH_NORMS = ("fairseq", "gnmt")
+
+DECODER_STEPS = ("cached", "fairseq")
 
 
 def precision_problem(precision, device):
@@ -103,6 +106,13 @@ class TranslationQKConfig(TranslationConfig):
         metadata={"help": "batch the training split in N length buckets, each padded to one shape (at most N + 1 "
                           "batch shapes an epoch; qknorm_fairseq/length_buckets.py); 0: fairseq's batching"},
     )
+    decoder_step: ChoiceEnum(DECODER_STEPS) = field(
+        default="cached",
+        metadata={"help": "beam search's decoder step for qknorm_transformer models: cached (a preallocated key/value "
+                          "cache written in place, the source's keys and values computed once per batch; "
+                          "qknorm_fairseq/decoder_cache.py) or fairseq (fairseq's incremental state); the same "
+                          "log-probabilities. Other models, and --print-alignment, take fairseq's"},
+    )
     compile: bool = field(
         default=False,
         metadata={"help": "train with each encoder and decoder layer compiled by torch.compile (validation and "
@@ -146,8 +156,21 @@ class TranslationQKTask(TranslationTask):
                 raise ValueError(f"--length-norm gnmt cannot wrap the custom generator {seq_gen_cls.__name__}")
             seq_gen_cls = TwTSequenceGenerator if self.cfg.beam_search == "twt" else GNMTSequenceGenerator
             extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {}, gnmt_alpha=self.cfg.gnmt_alpha)
-        return super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
+        return super().build_generator(self.decoding_models(models, args), args, seq_gen_cls=seq_gen_cls,
                                        extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
+
+    def decoding_models(self, models, args):
+        """MODELS as the generator decodes them: with --decoder-step cached, a CachedEnsemble where
+        every model is a qknorm_transformer (fairseq's search and TwT's both take it)."""
+        if self.cfg.decoder_step != "cached" or isinstance(models, EnsembleModel) or \
+                getattr(args, "score_reference", False):
+            return models
+        why = "--print-alignment reads fairseq's attention weights" if getattr(args, "print_alignment", False) \
+            else next(filter(None, map(unsupported, models)), None)
+        if why:
+            logger.info(f"decoder step: fairseq's ({why})")
+            return models
+        return CachedEnsemble(models)
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)

@@ -18,8 +18,11 @@ It differs from fairseq's search (sequence_generator.py) in what the beam holds:
 The hypotheses come back on the host (fairseq's search leaves them on the model's device, and its
 callers copy them to the host one by one).
 """
+import numpy as np
 import torch
 from fairseq.sequence_generator import SequenceGenerator
+
+NO_ALIGNMENT = torch.empty(0)  # every hypothesis's "alignment" (fairseq's format: empty without alignment)
 
 
 def gnmt_penalty(length, alpha):
@@ -58,11 +61,13 @@ class TwTSequenceGenerator(SequenceGenerator):
 
         # The host reads the device once a step (which sentences are done) and once more, in bulk, on
         # a step where some are: a GPU waits at every read.
-        for t in range(int(limit.max())):
+        limits = limit.tolist()
+        shortest = min(limits)
+        for t in range(int(max(limits))):
             n = len(sent)
             lprobs, _ = self.model.forward_decoder(tokens, encoder_outs, incremental_states, self.temperature)
-            lprobs[:, self.pad] = float("-inf")
             lprobs = lprobs.view(n, k, -1)
+            lprobs.select(2, self.pad).fill_(float("-inf"))
             if t == 0:
                 lprobs[:, :, self.eos] = float("-inf")
                 lprobs[:, 1:] = float("-inf")  # all slots hold the same prefix: expand the first only
@@ -81,12 +86,15 @@ class TwTSequenceGenerator(SequenceGenerator):
             tokens = torch.cat([tokens[parent], symbol.view(-1, 1)], 1)
             pos_scores = torch.cat([pos_scores[parent], tok_lprob.view(-1, 1)], 1)
 
-            done = ended.all(1) | limit.le(t + 1)
+            done = ended.all(1)
+            if t + 1 >= shortest:  # some sentence reaches its length limit (read on the host once)
+                done = done | limit.le(t + 1)
             done_rows = done.nonzero().view(-1)
             finished = done_rows.tolist()
             if finished:
                 slots = tokens.view(n, k, -1)[done_rows].tolist()
-                positional, scores = pos_scores.view(n, k, -1)[done_rows].cpu(), score[done_rows].cpu()
+                positional = pos_scores.view(n, k, -1)[done_rows].cpu().numpy()
+                scores = score[done_rows].cpu().numpy()
                 for j, i in enumerate(finished):
                     finalized[sent[i]] = self._hypotheses(slots[j], positional[j], scores[j])
                 if len(finished) == n:
@@ -99,17 +107,21 @@ class TwTSequenceGenerator(SequenceGenerator):
                 parent = parent.view(n, k)[alive].view(-1)
                 tokens, pos_scores = tokens[alive_rows], pos_scores[alive_rows]
                 cum, score, ended, limit = cum[alive], score[alive], ended[alive], limit[alive]
+                limits = [lim for i, lim in enumerate(limits) if i not in gone]
+                shortest = min(limits)
             self.model.reorder_incremental_state(incremental_states, parent)
         return finalized
 
     def _hypotheses(self, slots, pos_scores, scores):
-        """One sentence's slots (token lists, BOS first; their per-token and normalised scores, on the
-        host) as fairseq hypotheses (tokens end at the first EOS), best first; on a tie the higher
-        slot first, as the original's argsort(scores)[::-1]."""
+        """One sentence's slots (token lists, BOS first; their per-token and normalised scores, numpy
+        arrays on the host) as fairseq hypotheses (tokens end at the first EOS), best first; on a tie the
+        higher slot first, as the original's argsort(scores)[::-1]. The tensors wrap those arrays
+        (torch.from_numpy: one operation each, no copy or slice)."""
         hypos = []
-        for slot, (toks, pos, s, key) in enumerate(zip(slots, pos_scores, scores, scores.tolist())):
+        for slot, (toks, pos, s) in enumerate(zip(slots, pos_scores, scores)):
             toks = toks[1:]  # without BOS
             end = toks.index(self.eos) + 1 if self.eos in toks else len(toks)
-            hypos.append((key, slot, {"tokens": torch.tensor(toks[:end]), "score": s, "attention": None,
-                                           "alignment": torch.empty(0), "positional_scores": pos[:end]}))
+            hypos.append((float(s), slot, {"tokens": torch.from_numpy(np.array(toks[:end], dtype=np.int64)),
+                                           "score": torch.from_numpy(np.array(s)), "attention": None,
+                                           "alignment": NO_ALIGNMENT, "positional_scores": torch.from_numpy(pos[:end])}))
         return [h for _, _, h in sorted(hypos, key=lambda h: h[:2], reverse=True)]

@@ -2,6 +2,7 @@
 case and against per-sentence decoding of a real model."""
 import argparse
 
+import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
@@ -114,10 +115,9 @@ def test_an_exact_tie_goes_to_the_higher_slot_as_in_the_original():
     gen = TwTSequenceGenerator([model], D, beam_size=3, max_len_b=5, gnmt_alpha=0.6)
     slots = torch.tensor([[EOS, A, EOS], [EOS, B, EOS], [EOS, C, EOS]])
     scores = torch.tensor([-0.5, -0.4, -0.4])
-    hypos = gen._hypotheses(slots.tolist(), torch.zeros(3, 2), scores)
+    hypos = gen._hypotheses(slots.tolist(), np.zeros((3, 2), np.float32), scores.numpy())
     assert [h["tokens"].tolist() for h in hypos] == [[C, EOS], [B, EOS], [A, EOS]]
-    import numpy as np
-
+    assert [float(h["score"]) for h in hypos] == pytest.approx([-0.4, -0.4, -0.5])
     assert list(np.argsort(scores.numpy(), kind="stable")[::-1]) == [2, 1, 0]  # the original's order
 
 
