@@ -43,7 +43,7 @@ class _L2NormalizeFunction(torch.autograd.Function):
     """x / max(||x||, eps) in fp32 (at least), cast back to x's dtype, with a hand-written backward
     that does autograd's arithmetic on the plain ops, rounding for rounding (the gradients are the
     same bits), in 11 ATen ops (12 for bf16 x) where autograd's chain through the division, clamp and
-    norm dispatches 16 (19): issue #38, a QKNorm preset has 19 of these per update."""
+    norm dispatches 16 (19); a QKNorm preset has 19 of these per update."""
 
     @staticmethod
     def forward(ctx, x, eps):

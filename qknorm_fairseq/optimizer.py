@@ -1,9 +1,9 @@
 """`--optimizer multi_tensor_adam`: fairseq's Adam, computed for all parameters at once.
 
-fairseq's `adam` (without apex, i.e. on every machine we use) loops over the parameters in Python
-and launches about ten small kernels per parameter tensor: several hundred launches per update
-for a Transformer, which a GPU spends waiting on the host (issue #30). This optimizer applies the
-same update with torch's multi-tensor (`torch._foreach_*`) operations, about ten launches per
+fairseq's `adam` (without NVIDIA's apex, which this project does not install) loops over the
+parameters in Python and launches about ten small kernels per parameter tensor: several hundred
+launches per update for a Transformer, which a GPU spends waiting on the host. This optimizer
+applies the same update with torch's multi-tensor (`torch._foreach_*`) operations, about ten launches per
 update for all parameters together, and keeps fairseq's exact formula, which differs from
 torch.optim.AdamW in where eps enters:
 

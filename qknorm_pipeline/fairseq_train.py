@@ -30,7 +30,7 @@ import signal
 import sys
 import warnings
 
-from .paths import cpu_has_bf16, machine
+from . import hardware
 
 logger = logging.getLogger("qknorm_pipeline.fairseq_train")
 MACHINE = "machine: "
@@ -62,7 +62,7 @@ EMULATED_BF16_OK = False
 
 
 def fix_args(ns, argv):
-    if getattr(ns, "bf16", False) and getattr(ns, "cpu", False) and not cpu_has_bf16() and not EMULATED_BF16_OK:
+    if getattr(ns, "bf16", False) and getattr(ns, "cpu", False) and not hardware.cpu_has_bf16() and not EMULATED_BF16_OK:
         sys.exit("[fairseq_train] error: --cpu --bf16: this CPU has no native bf16 instructions (AVX512-BF16, AMX "
                  "or ARM BF16), so torch would emulate bf16, many times slower than fp32; drop --bf16")
     if getattr(ns, "bf16", False) and getattr(ns, "tpu", False) and not _given("--tpu", argv):
@@ -85,7 +85,7 @@ def wrap_parser(parse, argv):
         out = parse(*args, **kwargs)
         ns = fix_args(out[0] if isinstance(out, tuple) else out, argv)
         # the train log's record of where each (re)start ran (study/records.py reads it)
-        logger.info(f"{MACHINE}{machine(gpu=not getattr(ns, 'cpu', False))}")
+        logger.info(f"{MACHINE}{hardware.machine(gpu=not getattr(ns, 'cpu', False))}")
         return out
 
     return parse_args_and_arch

@@ -53,51 +53,16 @@ def shareable_text(text):
     return text
 
 
+def redo(folder, pair):
+    """How to remake FOLDER, a stage of PAIR's prepared data (tokenized text or binarized data) that
+    a stage after it cannot read: the stage is redone when its folder is gone."""
+    where, full = folders(), os.path.abspath(folder)
+    own = os.path.dirname(full) in (where.data_bin, os.path.join(where.data, pair))
+    again = f"bash scripts/prepare.sh --pair {pair}" + ("" if own else "; a study's data: its study.sh command")
+    return f"delete {shareable(folder)} and prepare it again ({again})"
+
+
 def short(path):
     """PATH as a user reads it: relative to the current folder when inside it."""
     full, here = os.path.abspath(path), os.getcwd()
     return os.path.relpath(full, here) if full.startswith(here + os.sep) else path
-
-
-def cpu_name():
-    """This machine's CPU model as results report it (/proc/cpuinfo, else platform's guess)."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                        platform.processor() or platform.machine())
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def machine(gpu=False):
-    """This machine as results name it: its CPU, core count, system, and torch's threads and CPU
-    kernels; with GPU, the CUDA devices torch sees first (none: the CPU's line alone)."""
-    import platform
-
-    line = f"{cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
-    try:
-        import torch
-    except ImportError:
-        return line
-    line += f"; torch {torch.__version__}, {torch.get_num_threads()} threads, " \
-            f"{torch.backends.cpu.get_cpu_capability()} kernels"
-    if gpu and torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        line = f"{torch.cuda.get_device_name(0)}{f' x{n}' if n > 1 else ''}; {line}"
-    return line
-
-
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86-64 AVX512-BF16 / AMX; aarch64 BF16
-
-
-def cpu_has_bf16():
-    """This CPU multiplies bf16 natively (/proc/cpuinfo flags); without it torch emulates bf16,
-    slower than fp32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
-    except OSError:
-        return False
-    return any(f in flags for f in BF16_FLAGS)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from . import recipes
+from . import hardware, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
 from .fairseq_log import LogError, parse_log
@@ -143,7 +143,7 @@ def run(a):
         with ThreadPoolExecutor(a.jobs) as pool:
             list(pool.map(lambda sp: train_one(a.pair, *sp, a.updates, a.warmup, where),
                           [(s, p) for s in systems for p in recipes.PRECISIONS]))
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    gpu = hardware.gpu_name() if torch.cuda.is_available() else "no GPU"
     settings = (f"{a.pair} recipe (configs/{a.pair}.yaml), {a.updates} updates, warmup shortened to {a.warmup} updates, "
                 f"seed 1, no validation; {gpu}, torch {torch.__version__}; {a.jobs} runs sharing the GPU. Command: "
                 f"{command_line(a)}")

@@ -34,7 +34,7 @@ from .cli import main as run_main
 from .data.common import FAIRSEQ_SPLIT
 from .files import atomic_dir, file_digest
 from .names import PAIR
-from .paths import folders, shareable
+from .paths import folders
 
 TAG = "prepare"
 
@@ -64,15 +64,6 @@ def settings(pair, src_dir, tokenized, bpe, merges, max_len):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
     return src, tgt, tokenized, bpe, merges or data.bpe_merges, max_len or data.max_len
-
-
-def redo(folder, pair):
-    """How to remake FOLDER, a stage of PAIR's prepared data (tokenized text or binarized data) that
-    a stage after it cannot read: the stage is redone when its folder is gone."""
-    where, full = folders(), os.path.abspath(folder)
-    own = os.path.dirname(full) in (where.data_bin, os.path.join(where.data, pair))
-    again = f"bash scripts/prepare.sh --pair {pair}" + ("" if own else "; a study's data: its study.sh command")
-    return f"delete {shareable(folder)} and prepare it again ({again})"
 
 
 def fastbpe(tok, out, src, tgt, merges, work_log):

@@ -29,7 +29,7 @@ from .cli import Parser, UsageError
 from .cli import main as run_main
 from .files import read_json
 from .names import folder_name
-from .paths import CONFIG_DIR, USER_DIR, folders, shareable, short
+from .paths import CONFIG_DIR, USER_DIR, folders, redo, shareable, short
 
 BASE = "base"
 PRECISIONS = ("fp32", "bf16", "fp16")  # train.sh --precision; the plugin's --decode-precision has the same
@@ -246,8 +246,6 @@ def read_stats(data_bin):
     path = os.path.join(data_bin, "stats.json")
     if not os.path.exists(path):
         return None
-    from .prepare import redo
-
     return read_json(path, redo(data_bin, os.path.basename(os.path.normpath(data_bin))))
 
 

@@ -23,16 +23,15 @@ import contextlib
 import hashlib
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from . import processes, recipes
+from . import hardware, processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog, report
 from .cli import main as run_main
 from .files import file_digest, is_whole_checkpoint, locked, write_atomic
 from .names import folder_name, run_name
-from .paths import cpu_has_bf16, cpu_name, folders, short
+from .paths import folders, short
 
 TAG = "train"
 ENTRY = "qknorm_pipeline.fairseq_train"  # fairseq-train with --bf16 usable on a CPU (see its docstring)
@@ -71,55 +70,6 @@ class Run:
     where: str
     env: dict
     split: str = ""      # how an update's tokens are split over GPU processes
-
-
-_GPU = {}
-
-
-def has_gpu():
-    """torch sees a CUDA device (asked in a child process: this step does not import torch)."""
-    if "any" not in _GPU:
-        code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
-        _GPU["any"] = subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
-    return _GPU["any"]
-
-
-# fp32 time / bf16 time of one matrix product of the gl-en study's shapes, best of ten each: native
-# bf16 instructions do not make bf16 fast on every CPU (docs/gpu.md has the measurements)
-BF16_PROBE = """
-import time, torch
-a, b = torch.randn(4096, 256), torch.randn(256, 1024)
-def best(x, y):
-    for _ in range(3):
-        x @ y
-    times = []
-    for _ in range(10):
-        t = time.perf_counter()
-        x @ y
-        times.append(time.perf_counter() - t)
-    return min(times)
-print(best(a, b) / best(a.bfloat16(), b.bfloat16()))
-"""
-_BF16 = {}
-
-
-def cpu_bf16_speedup(env=None):
-    """BF16_PROBE's ratio on this CPU (above 1: bf16 is the faster), measured once per process in a
-    child process with the run's environment (its threads)."""
-    if "speedup" not in _BF16:
-        out = subprocess.run([sys.executable, "-c", BF16_PROBE], capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            why = (out.stderr.strip().splitlines() or ["?"])[-1]
-            raise UserError(f"--precision bf16: the bf16 speed probe failed ({why}); check that torch imports, "
-                            "or train in fp32 (drop --precision)")
-        _BF16["speedup"] = float(out.stdout)
-    return _BF16["speedup"]
-
-
-def gpu_count():
-    code = "import torch; print(torch.cuda.device_count())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
-    return int(out or 0)
 
 
 def _distributed(cfg, opts):
@@ -179,7 +129,7 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
         launcher += ["-m"]
         args += dist
     env = dict(os.environ)
-    if opts.gpus or has_gpu():  # --gpus: a dry run on a machine without GPUs prints the GPU command
+    if opts.gpus or hardware.has_gpu():  # --gpus: a dry run on a machine without GPUs prints the GPU command
         args += [] if opts.precision == "fp32" else [f"--{opts.precision}"]
         device = f"{opts.gpus or 1} GPU(s) ({opts.precision})"
     else:
@@ -195,7 +145,7 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
 def plan_stock(pair, system, name, args, precision, where, check=True):
     """The Run of a stock fairseq row SYSTEM named NAME: ARGS from recipes.stock_args, whose --save-dir
     ends in PAIR/NAME, without --user-dir: plain fairseq-train in fp32, our entry point in bf16 and fp16. CHECK: as plan's."""
-    gpu = has_gpu()
+    gpu = hardware.has_gpu()
     args = args + ([] if gpu else ["--cpu"])
     if not gpu and check:
         check_cpu_precision(precision)
@@ -219,22 +169,25 @@ def _run(pair, system, name, cmd, args, save_dir, where, device, env, split=""):
                int(max_update), device, env, split)
 
 
+_WARNED = {}  # the slow-bf16 warning is given once per process
+
+
 def check_cpu_precision(precision, env=None, setting="--precision", fix=None):
     """fp32 anywhere; bf16 on a CPU that multiplies bf16 natively (elsewhere torch emulates it, slower
-    than fp32), with a warning where BF16_PROBE finds it slower than fp32 all the same (ENV: the
+    than fp32), with a warning where hardware.BF16_PROBE finds it slower than fp32 all the same (ENV: the
     run's); fp16 never (CPUs have no fast fp16 training path). SETTING: where the user chose the
     precision; FIX: what the error tells them to do instead."""
     if precision == "fp16":
         raise UserError(f"{setting} fp16 needs a GPU; none is visible to torch: "
                         f"{fix or 'on a CPU use bf16 (with native bf16 support) or fp32'}")
-    if precision == "bf16" and not cpu_has_bf16():
+    if precision == "bf16" and not hardware.cpu_has_bf16():
         raise UserError(f"{setting} bf16: this CPU has no native bf16 instructions (AVX512-BF16, AMX or ARM BF16), "
                         f"so bf16 would run emulated, slower than fp32; {fix or 'drop --precision (fp32)'}")
     if precision == "bf16":
-        speedup = cpu_bf16_speedup(env)
-        if speedup < 1 and not _BF16.get("warned"):
-            _BF16["warned"] = True
-            log(TAG, f"warning: --precision bf16 on this CPU ({cpu_name()}): a bf16 matrix product runs at "
+        speedup = hardware.cpu_bf16_speedup(env)
+        if speedup < 1 and not _WARNED:
+            _WARNED["bf16"] = True
+            log(TAG, f"warning: --precision bf16 on this CPU ({hardware.cpu_name()}): a bf16 matrix product runs at "
                      f"{speedup:.2f}x the speed of fp32's (4096x256 by 256x1024), so bf16 trains slower than fp32 "
                      "here; drop --precision for speed (training goes on in bf16, as asked)")
 
@@ -429,8 +382,8 @@ def run(a, own_options=()):
             log(TAG, r.split)
         print(shown(r.cmd))
         return
-    if opts.gpus and gpu_count() < opts.gpus:
-        raise UserError(f"--gpus {opts.gpus}: torch sees {gpu_count()} CUDA device(s) on this machine")
+    if opts.gpus and hardware.gpu_count() < opts.gpus:
+        raise UserError(f"--gpus {opts.gpus}: torch sees {hardware.gpu_count()} CUDA device(s) on this machine")
     train(r)
 
 

@@ -2,7 +2,10 @@
 system), so that `-m unit` and friends select them:
   tests/unit         one module against an independent computation; no training or decoding run
   tests/integration  real fairseq runs and our commands on the tiny corpus, as a user runs them
-  tests/system       a user's pipelines end to end (minutes each; not in the default run)"""
+  tests/system       a user's pipelines end to end (minutes each; not in the default run)
+The few tests that read the real corpora find them in the folder QKNORM_TEST_DATA names (default:
+../shared/data beside the checkout; helpers.SHARED_DATA) and skip, naming the missing path, without
+them; a QKNORM_TEST_DATA that names no folder stops the run. tests/README.md says how to run each tier."""
 import os
 import shutil
 
@@ -14,10 +17,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 import torch  # noqa: E402
 
-from helpers import environment, fairseq, run, train_cmd, write_reverse_corpus  # noqa: E402
+from helpers import SHARED_DATA, TEST_DATA_VARIABLE, environment, fairseq, run, train_cmd, write_reverse_corpus  # noqa: E402
 
 torch.set_num_threads(1)
 TIERS = ("unit", "integration", "system")
+
+
+def pytest_configure(config):
+    if os.environ.get(TEST_DATA_VARIABLE) and not os.path.isdir(SHARED_DATA):
+        raise pytest.UsageError(f"{TEST_DATA_VARIABLE}={os.environ[TEST_DATA_VARIABLE]}: no such folder; name the folder "
+                                f"that holds the real corpora (ted-gl-en, ...), or unset it to skip their tests")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,7 +19,6 @@ Writes PREFIX.json and PREFIX.md (median, quartiles, min, max, ratio of medians 
 """
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,8 @@ import torch
 from .. import recipes
 from ..cli import UsageError
 from ..files import write_atomic
-from ..paths import USER_DIR, cpu_name, shareable
+from ..hardware import machine_info
+from ..paths import USER_DIR, shareable
 
 HELP = "training/decoding speed and memory of every preset vs stock transformer"
 STOCK = recipes.STOCK_ARCH
@@ -258,19 +258,6 @@ def measure_decode(entry, sample, opts):
 
 # ---------------------------------------------------------------- environment and report
 
-def machine_info(opts):
-    import fairseq
-
-    info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
-            "torch": torch.__version__, "fairseq": fairseq.__version__, "device": opts.device, "dtype": opts.dtype,
-            "load_average_start": list(os.getloadavg())}
-    if opts.device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["cuda"] = torch.version.cuda
-    return info
-
-
 def summarise(values):
     q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
     return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values),
@@ -335,7 +322,7 @@ def run(opts):
     unknown = [a for a in archs[1:] if a not in PRESETS]
     if unknown:
         raise UsageError(f"--archs: unknown preset {unknown[0]!r}; choose from {' '.join(PRESETS)}")
-    info = machine_info(opts)
+    info = machine_info(opts.device, opts.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         data_bin = make_corpus(tmp, opts.vocab, n_sent=50)
         entries = {}

@@ -168,7 +168,7 @@ def main(argv=None):
         cli_main()
     else:
         from .. import fairseq_train
-        from ..paths import cpu_has_bf16
+        from ..hardware import cpu_has_bf16
 
         if "--bf16" in args and "--cpu" in args and not cpu_has_bf16():
             print("[step_profile] this CPU emulates bf16: the op and sync counts are those of any CPU, op_ms and "

@@ -29,7 +29,8 @@ from .. import train as train_step
 from ..cli import UserError, log
 from ..fairseq_log import parse_line
 from ..files import read_json, write_atomic
-from ..paths import Folders, cpu_has_bf16, cpu_name, folders, shareable
+from ..hardware import cpu_has_bf16, device_name
+from ..paths import Folders, folders, shareable
 from ..recipes import STOCK
 from ..train import ENTRY
 
@@ -127,13 +128,6 @@ def old_records(out):
     if not os.path.isfile(out):
         return []
     return read_json(out, "repair it or name another file with --out", kind=list)
-
-
-def device_name(gpu):
-    """The machine a record was measured on: the GPU's name, or the CPU's with its core count."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if gpu else f"{cpu_name()} ({os.cpu_count()} cores)"
 
 
 def default_precisions(gpu):

@@ -10,7 +10,7 @@ prints for each: batches, decoder calls, seconds, sentences/s, dev BLEU (batches
 padding, so BLEU agrees up to rounding), the time against the first value's, and how many dev
 sentences the validation scored: fairseq (0.12, --required-batch-size-
 multiple 8, its default) leaves out an incomplete last batch, i.e. the longest dev sentences
-(fairseq issue #5036; docs/training.md, "Dev BLEU").
+(fairseq's GitHub issue 5036; docs/training.md, "Dev BLEU").
 
 The model: with --checkpoint, the run's own (its model, task and validation settings as stored in
 the checkpoint, on --pair's prepared data); without, the pair recipe's SYSTEM as train.sh builds it, untrained (seeded), so
@@ -24,6 +24,12 @@ times that for its first validation's own tokens, the task's dictionary (the plu
 against fairseq's Dictionary.string (token by token from tensors); the first validation's time
 includes keeping a copy of those tokens (one small copy a sequence). --profile counts one batch's
 ATen ops and host-device syncs by phase, with their call sites (step_profile's counter).
+
+--decoder-steps fairseq cached times the search with each decoder step of the task (its
+--decoder-step: fairseq's incremental state, or the plugin's preallocated cache), one after the other
+on the same batches (after one untimed batch with each), and checks that both make the same
+hypotheses; a model the cached step cannot run (stock fairseq's) decodes with fairseq's, and its
+records say so.
 """
 import argparse
 import json
@@ -36,10 +42,12 @@ from datetime import datetime
 from .. import train as train_step
 from ..cli import UserError, log
 from ..files import write_atomic
+from ..hardware import device_name
 from ..paths import USER_DIR, folders, shareable
 from ..recipes import PRECISIONS
-from .throughput import device_name, old_records
+from .throughput import old_records
 
+DECODER_STEPS = ("cached", "fairseq")  # the task's --decoder-step values (qknorm_fairseq/task.py); no fairseq import here
 HELP = "fairseq-train's dev-set decoding at several --max-tokens-valid values (writes validation.json)"
 DROPPED = {"--cpu": 0, "--bf16": 0, "--fp16": 0, "--log-format": 1, "--log-file": 1}  # flag: values it takes
 
@@ -94,17 +102,26 @@ def build(opts, device):
     return task, model, criterion, cfg
 
 
-def count_decoder_calls(model):
-    """A list whose first item counts the decoder's forward calls."""
-    steps = [0]
-    forward = model.decoder.forward
+def generators(task, model, cfg, decoder_steps):
+    """{decoder step: the validation's generator built by the task with that --decoder-step} and a list
+    whose first item counts the search's decoder steps of them all; each generator's `step` says which
+    step it runs (a model the cached step cannot run gets fairseq's)."""
+    from qknorm_fairseq.decoder_cache import CachedEnsemble
 
-    def counted(*args, **kwargs):
-        steps[0] += 1
-        return forward(*args, **kwargs)
+    calls, out = [0], {}
+    for step in decoder_steps:
+        task.cfg.decoder_step = step
+        gen = task.build_generator([model], argparse.Namespace(**json.loads(cfg.task.eval_bleu_args or "{}")))
+        forward = gen.model.forward_decoder
 
-    model.decoder.forward = counted
-    return steps
+        def counted(*args, _forward=forward, **kwargs):
+            calls[0] += 1
+            return _forward(*args, **kwargs)
+
+        gen.model.forward_decoder = counted
+        gen.step = "cached" if isinstance(gen.model, CachedEnsemble) else "fairseq"
+        out[step] = gen
+    return out, calls
 
 
 def capture_strings(dictionary):
@@ -142,8 +159,9 @@ def time_strings(dictionary, calls, reps=3):
 
 def profile_batch(task, model, criterion, sample, steps):
     """ATen ops and host-device syncs of one validation batch, by phase: the encoder, the decoder's
-    calls, the beam's reordering of the decoder's cache, BLEU's token strings, and the rest (the
-    search's own bookkeeping, the loss, BLEU's counts). Syncs are the ops step_profile counts
+    calls (the loss's forward and the search's steps, their log-probabilities included), the beam's
+    reordering of the decoder's cache (and of the encoder output), BLEU's token strings, and the rest
+    (the search's own bookkeeping, the loss, BLEU's counts). Syncs are the ops step_profile counts
     (reads of a device value, data-dependent shapes); copies by .cpu() and .tolist() are not ops
     a CPU dispatches, so a CPU leaves them out."""
     from collections import Counter
@@ -151,10 +169,11 @@ def profile_batch(task, model, criterion, sample, steps):
     from .step_profile import OpCounter, phased
 
     counter = OpCounter()
+    ensemble = task.sequence_generator.model
     saved = [(obj, name, getattr(obj, name)) for obj, name in (
-        (model.encoder, "forward"), (model.decoder, "forward"), (model.decoder, "reorder_incremental_state_scripting"),
-        (task.tgt_dict, "string"))]
-    for (obj, name, fn), phase in zip(saved, ("encoder", "decoder", "reorder", "strings")):
+        (model.encoder, "forward"), (model.decoder, "forward"), (ensemble, "forward_decoder"),
+        (ensemble, "reorder_incremental_state"), (ensemble, "reorder_encoder_out"), (task.tgt_dict, "string"))]
+    for (obj, name, fn), phase in zip(saved, ("encoder", "decoder", "decoder", "reorder", "reorder", "strings")):
         setattr(obj, name, phased(counter, phase, fn))
     steps[0] = 0
     try:
@@ -164,7 +183,7 @@ def profile_batch(task, model, criterion, sample, steps):
         for obj, name, fn in saved:
             setattr(obj, name, fn)
     syncs = [s for s in counter.syncs if s["kind"] == "sync"]
-    return {"sentences": int(sample["nsentences"]), "decoder_calls": steps[0],
+    return {"sentences": int(sample["nsentences"]), "decoder_calls": steps[0] + 1,  # + the loss's forward
             "ops": {phase: counter.ops[phase] for phase in ("encoder", "decoder", "reorder", "strings", "other")},
             "syncs": dict(Counter(s["phase"] for s in syncs)),
             "sync_sites": dict(Counter(f"{s['op']} {s['where']}" for s in syncs).most_common(8))}
@@ -183,28 +202,40 @@ def valid_batches(task, model, cfg, max_tokens, subset):
 
 
 def validate_once(task, model, criterion, cfg, max_tokens, subset, device, steps):
-    """One pass of fairseq-train's validation over SUBSET in batches of at most MAX_TOKENS tokens:
-    {batches, decoder_calls, seconds, sentences, of_sentences, bleu}."""
+    """One pass of fairseq-train's validation over SUBSET in batches of at most MAX_TOKENS tokens, with
+    the task's current sequence_generator: {batches, decoder_calls (the loss's forward of each batch and
+    every step of the search), seconds, sentences, of_sentences, bleu} and the hypotheses' tokens."""
     import torch
     from fairseq import metrics
 
     itr = valid_batches(task, model, cfg, max_tokens, subset)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     logs, batches, steps[0] = [], 0, 0
+    hypotheses, generate = [], task.sequence_generator.generate
+
+    def kept(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        hypotheses.extend([h["tokens"].tolist() for h in hypos] for hypos in out)
+        return out
+
+    task.sequence_generator.generate = kept
     sync()
     start = time.perf_counter()
-    for sample in itr:
-        sample = to_device(sample, device)
-        logs.append(task.valid_step(sample, model, criterion)[2])
-        batches += 1
-    sync()
+    try:
+        for sample in itr:
+            sample = to_device(sample, device)
+            logs.append(task.valid_step(sample, model, criterion)[2])
+            batches += 1
+        sync()
+    finally:
+        del task.sequence_generator.generate
     seconds = time.perf_counter() - start
     with metrics.aggregate(new_root=True) as agg:
         task.reduce_metrics(logs, criterion)
         bleu = agg.get_smoothed_values()["bleu"]  # fairseq's, rounded to 2 decimals
-    return {"batches": batches, "decoder_calls": steps[0], "seconds": seconds,
+    return {"batches": batches, "decoder_calls": steps[0] + batches, "seconds": seconds,
             "sentences": sum(int(log_["nsentences"]) for log_ in logs), "of_sentences": len(task.dataset(subset)),
-            "bleu": bleu}
+            "bleu": bleu}, hypotheses
 
 
 def to_device(sample, device):
@@ -241,37 +272,61 @@ def run(opts):
         raise UserError(f"--max-tokens-valid {min(opts.max_tokens_valid)}: the longest {opts.subset} sentence has "
                         f"{longest} tokens, and fairseq refuses a batch smaller than a sentence; use at least "
                         f"{longest}")
-    steps = count_decoder_calls(model)
+    gens, steps = generators(task, model, cfg, opts.decoder_steps)
+    for step, gen in gens.items():
+        if gen.step != step:
+            log("benchmark", f"--decoder-steps {step}: this model decodes with fairseq's step (see the task's log)")
+    if len(gens) > 1:
+        # untimed, one batch with each step: a process's first decoding pays one-time costs (first use of
+        # the kernels and allocations), which would otherwise fall on whichever step runs first
+        warm = to_device(next(iter(valid_batches(task, model, cfg, opts.max_tokens_valid[0], opts.subset))), device)
+        for gen in gens.values():
+            task.sequence_generator = gen
+            task.valid_step(warm, model, criterion)
     calls, stop_capturing = capture_strings(task.tgt_dict)
-    found = {mt: [] for mt in opts.max_tokens_valid}
+    found = {(mt, step): [] for mt in opts.max_tokens_valid for step in gens}
     for rep in range(1, opts.reps + 1):
         for mt in opts.max_tokens_valid:
-            r = validate_once(task, model, criterion, cfg, mt, opts.subset, device, steps)
-            stop_capturing()
-            found[mt].append(r)
-            log("benchmark", f"rep {rep}/{opts.reps} --max-tokens-valid {mt}: {r['batches']} batches, "
-                             f"{r['decoder_calls']} decoder calls, {r['seconds']:.1f} s, BLEU {r['bleu']:.2f} "
-                             f"({r['sentences']} of {r['of_sentences']} sentences)")
+            first = None
+            for step, gen in gens.items():
+                task.sequence_generator = gen
+                r, hypotheses = validate_once(task, model, criterion, cfg, mt, opts.subset, device, steps)
+                stop_capturing()
+                first = hypotheses if first is None else first
+                r.update(decoder_step=gen.step, same_hypotheses=hypotheses == first)
+                found[mt, step].append(r)
+                log("benchmark", f"rep {rep}/{opts.reps} --max-tokens-valid {mt}, {gen.step} decoder step: "
+                                 f"{r['batches']} batches, {r['decoder_calls']} decoder calls, {r['seconds']:.1f} s, "
+                                 f"BLEU {r['bleu']:.2f} ({r['sentences']} of {r['of_sentences']} sentences)")
+                if not r["same_hypotheses"]:
+                    log("benchmark", f"error: the {gen.step} decoder step made other hypotheses than the "
+                                     f"{next(iter(gens.values())).step} step on the same batches")
     strings = time_strings(task.tgt_dict, calls)
     log("benchmark", f"BLEU's token strings of a validation ({len(calls)} sequences): {strings['task']:.3f} s, "
                      f"fairseq's Dictionary.string {strings['fairseq']:.3f} s ({strings['fairseq'] / strings['task']:.1f}x)")
-    profile = {}
+    profiles = {}
     if opts.profile:
         sample = next(iter(valid_batches(task, model, cfg, opts.max_tokens_valid[0], opts.subset)))
-        profile = {"profile": profile_batch(task, model, criterion, to_device(sample, device), steps)}
-        log("benchmark", profile_text(profile["profile"]))
+        for step, gen in gens.items():
+            task.sequence_generator = gen
+            profiles[step] = {"decoder_step": gen.step,
+                              **profile_batch(task, model, criterion, to_device(sample, device), steps)}
+            log("benchmark", f"{gen.step} decoder step: {profile_text(profiles[step])}")
     date = datetime.now().astimezone().isoformat(timespec="seconds")
     model_name = shareable(opts.checkpoint) if opts.checkpoint else f"{opts.system} untrained (seed {cfg.common.seed})"
     flags = {} if opts.checkpoint else {"flags": list(opts.extra)}
     records = [{"pair": opts.pair, "model": model_name, **flags, "subset": opts.subset, "max_tokens_valid": mt, **r,
                 "command": command(opts), "strings_seconds": strings,
                 "sentences_per_s": r["sentences"] / r["seconds"], "rep": i + 1, "device": name,
-                "precision": opts.precision, "label": opts.label, "date": date}
-               for mt, rs in found.items() for i, r in enumerate(rs)]
-    records[0].update(profile)  # one batch of the first size
+                "precision": opts.precision, "label": opts.label, "date": date,
+                # one batch of the first size, profiled with each decoder step: in its first record
+                **({"profile": profiles[step]} if step in profiles and mt == opts.max_tokens_valid[0] and i == 0 else {})}
+               for (mt, step), rs in found.items() for i, r in enumerate(rs)]
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old_records(out) + records, indent=1) + "\n")
     print(table(found, opts.reps))
+    if profiles:
+        print("\n" + profile_table(profiles))
     print(f"\n{opts.pair} {opts.subset}, {model_name}, {opts.precision}, {name}; appended to {shareable(out)}")
     return records
 
@@ -282,20 +337,36 @@ def command(opts):
     words = ["bash", "scripts/benchmark.sh", "validation", "--pair", opts.pair, *source, "--subset", opts.subset,
              "--max-tokens-valid", *map(str, opts.max_tokens_valid), "--reps", str(opts.reps),
              "--precision", opts.precision, *(["--profile"] if opts.profile else []),
+             *(["--decoder-steps", *opts.decoder_steps] if opts.decoder_steps != ["cached"] else []),
              *(["--", *opts.extra] if opts.extra else [])]
     return shlex.join(words)
 
 
 def table(found, reps):
-    """A row per --max-tokens-valid value: the first repetition's counts, the median seconds."""
+    """A row per --max-tokens-valid value and decoder step: the first repetition's counts, the median
+    seconds, whether the hypotheses are the first step's."""
     first = statistics.median(r["seconds"] for r in next(iter(found.values())))
-    lines = [f"| --max-tokens-valid | batches | decoder calls | seconds (median of {reps}) | sentences/s | dev BLEU "
-             "| sentences scored | time vs the first |", "|---|---|---|---|---|---|---|---|"]
-    for mt, rs in found.items():
+    lines = [f"| --max-tokens-valid | decoder step | batches | decoder calls | seconds (median of {reps}) | sentences/s "
+             "| dev BLEU | sentences scored | time vs the first | hypotheses as the first step's |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (mt, _), rs in found.items():
         s = statistics.median(r["seconds"] for r in rs)
-        lines.append(f"| {mt} | {rs[0]['batches']} | {rs[0]['decoder_calls']} | {s:.2f} | "
+        lines.append(f"| {mt} | {rs[0]['decoder_step']} | {rs[0]['batches']} | {rs[0]['decoder_calls']} | {s:.2f} | "
                      f"{rs[0]['sentences'] / s:.1f} | {rs[0]['bleu']:.2f} | {rs[0]['sentences']} of "
-                     f"{rs[0]['of_sentences']} | {s / first:.2f} |")
+                     f"{rs[0]['of_sentences']} | {s / first:.2f} | "
+                     f"{'yes' if all(r['same_hypotheses'] for r in rs) else 'NO'} |")
+    return "\n".join(lines)
+
+
+def profile_table(profiles):
+    """ATen ops per decoder call of the profiled batch, by phase and in all, per decoder step."""
+    phases = ("encoder", "decoder", "reorder", "strings", "other")
+    lines = [f"| decoder step | ATen ops per decoder call: {' | '.join(phases)} | all | syncs |",
+             "|---|" + "---|" * (len(phases) + 2)]
+    for p in profiles.values():
+        calls = p["decoder_calls"]
+        lines.append(f"| {p['decoder_step']} | " + " | ".join(f"{p['ops'][ph] / calls:.0f}" for ph in phases)
+                     + f" | {sum(p['ops'].values()) / calls:.0f} | {sum(p['syncs'].values())} |")
     return "\n".join(lines)
 
 
@@ -314,6 +385,10 @@ def add_arguments(s):
                    help="the model's precision, as training validates (default bf16 on a GPU, fp32 on a CPU)")
     s.add_argument("--profile", action="store_true",
                    help="also count one batch's ATen ops and host-device syncs by phase (stored in the first record)")
+    s.add_argument("--decoder-steps", nargs="+", choices=DECODER_STEPS, default=["cached"],
+                   help="decode with each of these decoder steps in turn (the task's --decoder-step): cached, the "
+                        "plugin's preallocated cache; fairseq, fairseq's incremental state (default cached; "
+                        "'fairseq cached' times both side by side and compares their hypotheses)")
     s.add_argument("--label", default="", help="a note stored with the records")
     s.add_argument("--out", help="the JSON file the records are appended to")
     s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for the untrained "

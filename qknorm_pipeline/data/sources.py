@@ -14,7 +14,7 @@ from .common import SPLITS, DataError
 
 DEFAULT_BASES = {
     "QKNORM_PHONTRON_BASE": "http://phontron.com/data",
-    # the capture reported in neulab/word-embeddings-for-nmt issue #7; note the www. host
+    # the capture reported in issue 7 of github.com/neulab/word-embeddings-for-nmt; note the www. host
     "QKNORM_WAYBACK_BASE": "https://web.archive.org/web/20240301220426if_/http://www.phontron.com/data",
     "QKNORM_HF_BASE": "https://huggingface.co/datasets",
     "QKNORM_IWSLT15_BASE": "https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi",

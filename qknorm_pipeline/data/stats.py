@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from ..files import count_lines, read_json, write_atomic
+from ..paths import redo
 from ..recipes import REMOVE_BPE
 from .common import FAIRSEQ_SPLIT, DataError
 
@@ -22,8 +23,6 @@ def _lengths(path):
 
 
 def write_stats(data_bin, tok_dir, bpe_dir, src, tgt, pair, bpe, bpe_size, percentile=97.5):
-    from ..prepare import redo
-
     tok_counts = read_json(os.path.join(tok_dir, "counts.json"), redo(tok_dir, pair))
     lines, tokens = {}, {}
     for split in FAIRSEQ_SPLIT.values():

@@ -246,16 +246,28 @@ def seed_t_test(sys_scores, base_scores, sentence_var=0.0, pooled=None):
     else:  # no seed varied: Welch-Satterthwaite is 0/0; the fewest degrees of freedom, never a normal's
         df = min(df for _, df, _ in terms)  # inf only when neither spread is known
     se = math.sqrt(seeds + sentence_var)
-    if se == 0:
-        t = 0.0 if delta == 0 else math.copysign(math.inf, delta)
-    else:
-        t = delta / se
+    t = t_statistic(delta, se)
     half = float(scipy_stats.t.ppf(0.975, df)) * se
-    return {"delta": delta, "se": se, "df": df, "t": t, "p_two_sided": float(2 * scipy_stats.t.sf(abs(t), df)),
+    return {"delta": delta, "se": se, "df": df, "t": t, "p_two_sided": two_sided_p(delta, se, df),
             "ci95": [delta - half, delta + half],
             "seeds": [len(sys_scores), len(base_scores)], "seed_terms": [terms[0][2], terms[1][2]],
             "seed_spread_known": "unknown" not in (terms[0][2], terms[1][2]),
             "sentence_var": sentence_var, "test": "seed_t_test"}
+
+
+def t_statistic(delta, se):
+    """DELTA / SE; with no spread at all (SE 0) 0 for no difference and infinite for any other."""
+    if se == 0:
+        return 0.0 if delta == 0 else math.copysign(math.inf, delta)
+    return delta / se
+
+
+def two_sided_p(delta, se, df):
+    """The two-sided p of a difference DELTA with standard error SE under Student's t with DF degrees
+    of freedom (infinite: a normal), as seed_t_test gives it."""
+    from scipy import stats as scipy_stats
+
+    return float(2 * scipy_stats.t.sf(abs(t_statistic(delta, se)), df))
 
 
 def holm(p_values):

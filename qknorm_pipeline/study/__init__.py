@@ -5,8 +5,10 @@ seeds and sentences.
 
     config.py    the study's structured config, its runs, their training flags
     corpus.py    the study's corpus: fetched or copied once, its line counts and sha256 checked
-    records.py   a finished run's record (kept in git) and its training log's wall time and curve
-    runs.py      training, evaluating and recording every run, resumable across sessions
-    report.py    study.md, study.json, dev_bleu.png from the records
+    records.py   a finished run's record (kept in git), its training log's wall time and curve, its scores
+    runs.py      training, evaluating and recording every run, resumable across interruptions
+    stats.py     the report's statistics: seeds' means, the tests and their families, plateaus
+    render.py    study.md from those (StudyReport)
+    report.py    study.md, study.json and the plots from the records
     __main__.py  the command line (scripts/study.sh)
 """

@@ -9,7 +9,7 @@ usage: bash scripts/study.sh [--config FILE] [--systems "a b"] [--seeds N] [--ru
                              [--max-update N] [--source-dir DIR] [--report-only] [--dry-run] [--verbose]
        (python -m qknorm_pipeline.study takes the same arguments)
 
-Steps, each resumable (the study spans sessions; re-run the same command to go on):
+Steps, each resumable (a study's runs take days, across interruptions; re-run the same command to go on):
   1. the config's corpus (downloaded once, or copied from its dir: or --source-dir DIR; its line
      counts and sha256 checked at every call) prepared into the study's own $DATA_DIR/NAME and
      $DATA_BIN/NAME (skipped when done)
@@ -30,6 +30,7 @@ import os
 import sys
 import time
 
+from .. import hardware
 from .. import train as train_step
 from ..cli import Parser, UsageError, UserError, log, prog
 from ..cli import main as run_main
@@ -109,11 +110,14 @@ def run(a):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
     cfg = config.load(a.config)
+    if cfg.closed and not (a.report_only or a.dry_run):
+        raise UserError(f"{cfg.config}: the study is closed (closed: true), it trains no more runs: rebuild its report "
+                        "with --report-only, or remove closed: to train")
     name = cfg.name + (f"-u{a.max_update}" if a.max_update else "")
     where = folders().under(name)
     records_dir = os.path.join(where.results, "runs", cfg.pair)
     chosen, waiting = select(cfg, a, records_dir, a.runs)
-    if not a.report_only and not train_step.has_gpu():
+    if not a.report_only and not hardware.has_gpu():
         where_to = "on a GPU" + (" or on a CPU that has them" if cfg.precision == "bf16" else "")
         try:
             train_step.check_cpu_precision(cfg.precision, setting=f"{cfg.config}: precision:",

@@ -1,6 +1,6 @@
 """The study's corpus in $DATA_DIR/NAME/PAIR/raw/: downloaded once (corpus: source:), or copied from
 a folder (corpus: dir:, or --source-dir), and checked at every call against the config's line counts
-and sha256, so that every run of a study, in any session or clone, trains on the same bytes."""
+and sha256, so that every run of a study, on any machine and in any clone, trains on the same bytes."""
 import os
 import shutil
 from types import SimpleNamespace

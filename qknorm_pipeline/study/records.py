@@ -1,7 +1,7 @@
-"""A finished run's record, and what its training log says.
+"""A finished run's record, what its training log says, and the scores of its test outputs.
 
 The record, $RESULTS_DIR/NAME/runs/PAIR/RUN/, is kept in git (.gitignore) and is all the report
-reads, so a study spanning sessions survives a fresh clone where checkpoints and logs are gone:
+reads, so a study that spans interruptions survives a fresh clone where checkpoints and logs are gone:
 train.log, the test hypotheses and scores of the best-dev checkpoint (hyp.txt, scores.json) and of
 the last one (last/), and command.txt, how the run was made without this machine's paths:
 
@@ -27,9 +27,12 @@ from datetime import datetime
 from .. import fairseq_train
 from ..fairseq_log import parse_line
 from ..files import atomic_dir, write_atomic
-from ..paths import shareable_text
+from ..paths import shareable, shareable_text
 from ..processes import command_change
+from ..scoring.score import score_runs
+from . import config
 from .config import StudyError, all_systems, best_rate, run_name
+from .stats import METRIC
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[ ,]")
 MACHINE = re.compile(rf"\| {re.escape(fairseq_train.logger.name)} \| {fairseq_train.MACHINE}(.+)$")
@@ -141,3 +144,50 @@ def best_rates(cfg, records_dir):
             curves = {lr: read_run(os.path.join(records_dir, name, "train.log"))["curve"] for lr, name in names.items()}
             out[system] = best_rate({lr: max((v["bleu"] for v in c), default=float("-inf")) for lr, c in curves.items()})
     return out
+
+
+def _score(ref, hyps, detok, lang):
+    """{run: scores} and {run: per-sentence stats of METRIC and multi_bleu} of (run, hyp path)s."""
+    if not hyps:
+        return {}, {}
+    scores, stats, _ = score_runs([ref], hyps, detok, lang)
+    return scores, stats
+
+
+def collect(chosen, records_dir, ref, rec):
+    """Per run of CHOSEN: its record's scores against REF (best-dev and last checkpoint), the
+    per-sentence statistics of METRIC, and its log (read_run)."""
+    missing = [r.name for r in chosen if not recorded(records_dir, r.name)]
+    if missing:
+        raise StudyError(f"no record of {', '.join(missing)} in {shareable(records_dir)}/: finish them first "
+                         "(bash scripts/study.sh), or report fewer systems or seeds (--systems, --seeds)")
+    detok, lang = rec.eval.detok, rec.tgt
+    best = [(r.name, os.path.join(records_dir, r.name, "hyp.txt")) for r in chosen]
+    last = [(r.name, os.path.join(records_dir, r.name, "last", "hyp.txt")) for r in chosen
+            if os.path.isfile(os.path.join(records_dir, r.name, "last", "hyp.txt"))]
+    scores, stats = _score(ref, best, detok, lang)
+    last_scores, _ = _score(ref, last, detok, lang)
+    out = {}
+    for r in chosen:
+        log = read_run(os.path.join(records_dir, r.name, "train.log"))
+        curve = log["curve"]
+        # fairseq keeps a checkpoint_best.pt when a validation is >= the best so far: the last
+        # checkpoint is the best one when the last validation is a (tied) maximum
+        best_is_last = bool(curve) and curve[-1]["bleu"] >= max(p["bleu"] for p in curve)
+        last_value = last_scores.get(r.name, {}).get(METRIC)
+        out[r.name] = {"run": r, "test": scores[r.name], "stats": stats[r.name][METRIC], "log": log,
+                       "last": last_value if last_value is not None else (scores[r.name][METRIC] if best_is_last
+                                                                          else None),
+                       "last_source": "decoded" if last_value is not None else ("best" if best_is_last else None)}
+    return out
+
+
+def coverage(cfg, found, records_dir, n):
+    """What share of the study's runs the report holds: (the study's number of runs, the names of
+    those not in the report, {system: [seeds]} of those not yet named (config.waiting), {run: its
+    updates} of the runs found that stopped short of the budget of N updates)."""
+    best = best_rates(cfg, records_dir)
+    waiting = config.waiting(cfg, best=best)
+    planned = [r.name for r in config.runs(cfg, best=best)]
+    short = {name: v["log"]["updates"] for name, v in found.items() if v["log"]["updates"] < n}
+    return len(planned) + sum(map(len, waiting.values())), [r for r in planned if r not in found], waiting, short

@@ -1,4 +1,4 @@
-"""Training, evaluating and recording every run of a study, resumable across sessions.
+"""Training, evaluating and recording every run of a study, resumable across interruptions.
 
 A run whose record was made by the same command is skipped; one whose record differs only by a
 smaller --max-update continues from its checkpoints; any other difference stops the study (move

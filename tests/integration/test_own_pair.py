@@ -1,4 +1,4 @@
-"""The real TED az-en files of ../shared/data through prepare.sh and a short train.sh, with no
+"""The real TED az-en files (QKNORM_TEST_DATA) through prepare.sh and a short train.sh, with no
 config written (tests/system runs a generated corpus to the BLEU table)."""
 import json
 import os
@@ -10,7 +10,7 @@ def script(root, name, *args):
     return run(["bash", os.path.join(REPO, "scripts", name), *args], env=environment(root))
 
 
-def test_shared_ted_az_en_prepares_and_trains_without_a_config(tmp_path):
+def test_real_ted_az_en_prepares_and_trains_without_a_config(tmp_path):
     corpus = shared("ted-az-en")
     script(tmp_path, "prepare.sh", "--pair", "az-en", "--src-dir", corpus, "--tokenized")
     stats = json.loads((tmp_path / "data-bin" / "az-en" / "stats.json").read_text())

@@ -1,5 +1,5 @@
 """scripts/prepare.sh end to end: the demo corpus to data-bin with stats checked, a user's own
-corpus (raw text, SentencePiece), the error paths, and the shared TED gl-en data."""
+corpus (raw text, SentencePiece), the error paths, and the real TED gl-en corpus (QKNORM_TEST_DATA)."""
 import json
 import os
 import shutil
@@ -11,8 +11,7 @@ import pytest
 
 from qknorm_fairseq import data_stats
 
-from helpers import REPO
-from helpers import SHARED_DATA as SHARED
+from helpers import REPO, shared
 
 pytestmark = pytest.mark.integration  # prepare.sh on data, each test
 
@@ -170,10 +169,8 @@ def test_a_bad_new_input_leaves_a_prepared_pair_as_it_was(tmp_path):
     assert json.loads((tmp_path / "data-bin/xx-yy/stats.json").read_text())["lines"]["train"]["input"] == 200
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED, "ted-gl-en")),
-                    reason="../shared/data/ted-gl-en is absent (real TED data is only on development machines)")
-def test_shared_ted_gl_en(tmp_path):
-    src_dir = os.path.join(SHARED, "ted-gl-en")
+def test_real_ted_gl_en(tmp_path):
+    src_dir = shared("ted-gl-en")
     sh(tmp_path, "prepare.sh", "--pair", "gl-en", "--src-dir", src_dir)
     stats = check_data_bin(tmp_path, "gl-en", "gl", "en", "@@")
     # independent count of the length filter: train pairs with 1..250 tokens on both sides

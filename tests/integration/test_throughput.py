@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qknorm_pipeline.paths import cpu_has_bf16, cpu_name
+from qknorm_pipeline.hardware import cpu_has_bf16, cpu_name
 
 from helpers import REPO, TINY_RECIPE, script, train_args
 

@@ -5,7 +5,7 @@ import re
 import shlex
 import shutil
 
-from qknorm_pipeline.paths import cpu_name
+from qknorm_pipeline.hardware import cpu_name
 from qknorm_pipeline.study import records
 
 from helpers import script

@@ -356,7 +356,7 @@ def test_compare_sh_refuses_a_result_trained_again_or_decoded_halfway_and_the_fi
     assert halfway.returncode == 1 and halfway.stderr.strip().splitlines()[-1].startswith(
         "[compare] error: unfinished evaluation of again in "), halfway.stderr
     assert halfway.stderr.strip().endswith(f"{fix} or leave it out (--runs)")
-    (result / ".done").write_text(before[".done"])  # the session's pipeline as it was, for the tests after
+    (result / ".done").write_text(before[".done"])  # the shared tiny_pipeline as it was, for the tests after
 
 
 # ---- shareable results ----
@@ -372,7 +372,7 @@ def test_committed_results_hold_no_machine_paths_or_host_name():
         data = open(os.path.join(REPO, name), "rb").read()
         if b"\0" in data[:4096]:  # PNG and other binary files
             continue
-        # fairseq's own default (every train.log's config dump), not a path of this machine
+        # fairseq's own default (every train.log's config dump), not a path of the machine that wrote it
         text = data.decode("utf-8").replace("plasma_path': '/tmp/plasma'", "").replace("plasma_path='/tmp/plasma'", "")
         if machine.search(text) or REPO in text or re.search(rf"\b{re.escape(host)}\b", text):
             found.append(name)
@@ -380,12 +380,11 @@ def test_committed_results_hold_no_machine_paths_or_host_name():
 
 
 
-def test_readme_where_things_live_names_every_module_and_script():
-    # README.md's "Where things live" is how a newcomer finds the code of a step: it names every
-    # module and script there is, and nothing that is not there
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    section = text.split("## Where things live")[1].split("\n## ")[0]
-    named = {n for n in re.findall(r"`([\w/]+\.(?:py|sh|sbatch))`", section)
+def test_code_map_names_every_module_and_script():
+    # docs/code.md is how a newcomer finds the code of a step: it names every module and script
+    # there is, and nothing that is not there
+    text = open(os.path.join(REPO, "docs", "code.md"), encoding="utf-8").read()
+    named = {n for n in re.findall(r"`([\w/]+\.(?:py|sh|sbatch))`", text)
              if not n.endswith("__init__.py") and not n.startswith("tests/")}
     tree = {os.path.relpath(f, REPO) for f in glob.glob(os.path.join(REPO, "qknorm_*", "**", "*.py"), recursive=True)}
     tree = {m for m in tree if not m.endswith("__init__.py")} | {os.path.relpath(f, REPO) for f in SCRIPTS}
@@ -394,7 +393,7 @@ def test_readme_where_things_live_names_every_module_and_script():
 
 def test_flags_after_a_double_dash_reach_fairseq_after_options_and_positionals(tmp_path):
     """`reproduce.sh PAIR --systems "a b" -- fairseq flags`: an option between the pair and `--` must
-    not make argparse refuse the flags (what a user runs on a new corpus, issue #31)."""
+    not make argparse refuse the flags (what a user runs on a new corpus)."""
     from qknorm_pipeline import cli
     from qknorm_pipeline.reproduce import parser
 

@@ -14,10 +14,7 @@ import sacrebleu
 from qknorm_pipeline.scoring import bleu
 from qknorm_pipeline.scoring.score import main as cli
 
-from helpers import REPO, brute_force_bootstrap_p, naive_bleu
-
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
-TST2013 = os.path.join(SHARED, "iwslt15-en-vi", "tst2013.vi")
+from helpers import brute_force_bootstrap_p, naive_bleu, shared
 
 
 def test_perfect_match():
@@ -182,9 +179,9 @@ def test_escape_mismatch_warns(tmp_path, capsys):
     assert "Moses escapes" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not os.path.exists(TST2013), reason=f"real data absent: {TST2013} (../shared/data)")
 def test_real_text_self_and_perturbed(tmp_path):
-    refs = bleu.read_lines(TST2013)
+    tst2013 = shared(os.path.join("iwslt15-en-vi", "tst2013.vi"))
+    refs = bleu.read_lines(tst2013)
     assert bleu.multi_bleu(refs, [refs]).score == pytest.approx(100.0)
     rng = random.Random(0)
     pert = []
@@ -202,7 +199,7 @@ def test_real_text_self_and_perturbed(tmp_path):
     perl = os.environ.get("QKNORM_MOSES_SCRIPTS")
     if perl and shutil.which("perl") and os.path.exists(os.path.join(perl, "multi-bleu.perl")):
         p = _write(tmp_path, "pert", pert)
-        out = subprocess.run(["perl", os.path.join(perl, "multi-bleu.perl"), TST2013], stdin=open(p),
+        out = subprocess.run(["perl", os.path.join(perl, "multi-bleu.perl"), tst2013], stdin=open(p),
                              capture_output=True, text=True).stdout
         assert out.startswith(f"BLEU = {ours:.2f},")
 

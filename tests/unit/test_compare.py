@@ -170,7 +170,7 @@ def test_runs_restricts_the_table(tmp_path):
 
 def test_scores_name_the_reference_relative_to_the_repository(tmp_path, monkeypatch):
     """evaluate writes a reference inside the repository relative to it (results, such as a study's
-    committed records, never name this machine's paths), and compare finds it from any directory."""
+    committed records, never name the paths of the machine that made them), and compare finds it from any directory."""
     from qknorm_pipeline import paths
     from qknorm_pipeline.scoring import score
 

@@ -12,6 +12,8 @@ from qknorm_pipeline.data import common, download, fetch, readers, sources, toke
 from qknorm_pipeline.data import demo as demo_corpus
 from qknorm_pipeline.data.common import DataError
 
+from helpers import shared
+
 # every character str.splitlines() breaks at besides "\n" and "\r"
 ODD = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
@@ -77,12 +79,9 @@ def test_fetch_verifies_and_reuses(tmp_path):
 
 
 def test_published_checksums_match_the_real_iwslt_test_files():
-    """The four IWSLT'15 dev/test files of ../shared/data are byte-identical to Stanford's: their
-    sizes and digests must be the published ones (the train files are not there)."""
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
-                          "iwslt15-en-vi")
-    if not os.path.isdir(folder):
-        pytest.skip("../shared/data/iwslt15-en-vi is absent (real data is only on development machines)")
+    """The four IWSLT'15 dev/test files of the real corpora (QKNORM_TEST_DATA) are byte-identical to
+    Stanford's: their sizes and digests must be the published ones (the train files are not there)."""
+    folder = shared("iwslt15-en-vi")
     for name in ("tst2012.en", "tst2012.vi", "tst2013.en", "tst2013.vi"):
         with open(os.path.join(folder, name), "rb") as f:
             data = f.read()

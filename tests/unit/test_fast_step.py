@@ -1,4 +1,4 @@
-"""The leaner training step (issue #38): each change against fairseq's own computation, bit for bit
+"""The leaner training step: each change against fairseq's own computation, bit for bit
 in fp32, and the fast paths (flat bf16 master, --fast-dropout, --length-buckets) against what they
 replace."""
 import numpy as np
@@ -164,8 +164,8 @@ def test_matmul_attention_kernel_reaches_every_attention_and_trains_as_sdpa(tiny
 
 def test_every_qknorm_and_fixnorm_normalisation_takes_the_hand_written_backward_to_the_bit(tiny_data, monkeypatch):
     """q and k of every attention and FixNorm's matrix go through _L2NormalizeFunction; the model's
-    loss and every gradient are the bits autograd gives through the plain ops (issue #38: fewer ops,
-    no result changed)."""
+    loss and every gradient are the bits autograd gives through the plain ops (fewer ops, no result
+    changed)."""
     from qknorm_fairseq import norms
 
     def plain(x, eps):
@@ -338,13 +338,13 @@ def test_train_sh_precision_on_a_cpu(monkeypatch, tmp_path):
     from qknorm_pipeline.paths import folders
 
     monkeypatch.setenv("DATA_BIN", str(tmp_path))
-    monkeypatch.setattr(train, "has_gpu", lambda: False)
-    monkeypatch.setattr(train, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(train, "cpu_bf16_speedup", lambda env=None: 2.0)
+    monkeypatch.setattr(train.hardware, "has_gpu", lambda: False)
+    monkeypatch.setattr(train.hardware, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(train.hardware, "cpu_bf16_speedup", lambda env=None: 2.0)
     run = train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
     assert run.fairseq_args[-2:] == ["--cpu", "--bf16"] and run.where == "CPU (bf16)"
     assert "--bf16" not in train.plan("gl-en", "qknorm", train.Options()).fairseq_args
-    monkeypatch.setattr(train, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(train.hardware, "cpu_has_bf16", lambda: False)
     with pytest.raises(UserError, match="no native bf16 instructions .* drop --precision"):
         train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
     with pytest.raises(UserError, match="--precision fp16 needs a GPU"):
@@ -360,12 +360,13 @@ def test_bf16_slower_than_fp32_on_a_cpu_is_said_once(monkeypatch, tmp_path, caps
     from qknorm_pipeline import train
 
     monkeypatch.setenv("DATA_BIN", str(tmp_path))
-    monkeypatch.setattr(train, "has_gpu", lambda: False)
-    monkeypatch.setattr(train, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(train, "_BF16", {"speedup": 2.5})
+    monkeypatch.setattr(train.hardware, "has_gpu", lambda: False)
+    monkeypatch.setattr(train.hardware, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(train, "_WARNED", {})
+    monkeypatch.setattr(train.hardware, "_BF16", {"speedup": 2.5})
     train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
     assert "warning" not in capsys.readouterr().err
-    monkeypatch.setattr(train, "_BF16", {"speedup": 0.61})
+    monkeypatch.setattr(train.hardware, "_BF16", {"speedup": 0.61})
     for _ in range(2):
         run = train.plan("gl-en", "qknorm", train.Options(precision="bf16"))
     err = capsys.readouterr().err
@@ -374,18 +375,18 @@ def test_bf16_slower_than_fp32_on_a_cpu_is_said_once(monkeypatch, tmp_path, caps
 
 
 def test_bf16_probe_times_this_cpu_once(monkeypatch):
-    from qknorm_pipeline import train
+    from qknorm_pipeline import hardware
     from qknorm_pipeline.cli import UserError
 
-    monkeypatch.setattr(train, "_BF16", {})
+    monkeypatch.setattr(hardware, "_BF16", {})
     # an eighth of the probe's rows: the same code, seconds less where torch emulates bf16
-    monkeypatch.setattr(train, "BF16_PROBE", train.BF16_PROBE.replace("randn(4096,", "randn(512,"))
-    speedup = train.cpu_bf16_speedup()
+    monkeypatch.setattr(hardware, "BF16_PROBE", hardware.BF16_PROBE.replace("randn(4096,", "randn(512,"))
+    speedup = hardware.cpu_bf16_speedup()
     assert 0.01 < speedup < 100
-    monkeypatch.setattr(train.subprocess, "run", lambda *a, **k: pytest.fail("probed twice"))
-    assert train.cpu_bf16_speedup() == speedup
+    monkeypatch.setattr(hardware.subprocess, "run", lambda *a, **k: pytest.fail("probed twice"))
+    assert hardware.cpu_bf16_speedup() == speedup
     monkeypatch.undo()
-    monkeypatch.setattr(train, "_BF16", {})
-    monkeypatch.setattr(train, "BF16_PROBE", "raise SystemExit('no bf16 kernels here')")
+    monkeypatch.setattr(hardware, "_BF16", {})
+    monkeypatch.setattr(hardware, "BF16_PROBE", "raise SystemExit('no bf16 kernels here')")
     with pytest.raises(UserError, match=r"the bf16 speed probe failed \(no bf16 kernels here\)"):
-        train.cpu_bf16_speedup()
+        hardware.cpu_bf16_speedup()

@@ -1,4 +1,4 @@
-"""Fidelity to the original code's model (issue #11): output bias, TwT Table 2's Xavier normal
+"""Fidelity to the original code's model: output bias, TwT Table 2's Xavier normal
 init, and qknorm_transformer = fairseq's transformer at default flags."""
 import math
 

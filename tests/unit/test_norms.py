@@ -153,7 +153,7 @@ def test_l2_normalize_passes_gradcheck():
 
 
 def test_l2_normalize_backward_takes_fewer_ops_than_autograds():
-    """Issue #38's count, one normalisation's backward of an fp32 (bf16) q: 11 (12) ATen ops, the
+    """One normalisation's backward of an fp32 (bf16) q: 11 (12) ATen ops, the
     engine's detaches included, against autograd's 16 (19) through the plain ops."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -179,7 +179,7 @@ def test_l2_normalize_backward_takes_fewer_ops_than_autograds():
     counts = {dtype: (backward_ops(lambda x: l2_normalize(x, 1e-6), dtype), backward_ops(plain, dtype))
               for dtype in (torch.float32, torch.bfloat16)}
     for dtype, (ours, autograds) in counts.items():
-        # both counted here, issue #38's numbers as a bound: a torch that adds ops
+        # both counted here, the counts of norms.py's docstring as a bound: a torch that adds ops
         # to autograd's side alone does not fail this
         assert ours < autograds and ours <= {torch.float32: 11, torch.bfloat16: 12}[dtype], counts
 

@@ -81,13 +81,13 @@ def test_bf16_is_untied_from_tpu_without_torch_xla():
 def test_cpu_bf16_without_native_instructions_is_an_error(monkeypatch):
     from qknorm_pipeline import fairseq_train
 
-    monkeypatch.setattr(fairseq_train, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(fairseq_train.hardware, "cpu_has_bf16", lambda: False)
     with pytest.raises(SystemExit, match=r"^\[fairseq_train\] error: --cpu --bf16: this CPU has no native bf16 .*"
                                          "drop --bf16$"):
         fix_args(ns(bf16=True, tpu=True, cpu=True), ["--cpu", "--bf16"])
     assert fix_args(ns(bf16=True, tpu=True), ["--bf16"]).bf16  # on a GPU
     assert not fix_args(ns(cpu=True), ["--cpu"]).bf16
-    monkeypatch.setattr(fairseq_train, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(fairseq_train.hardware, "cpu_has_bf16", lambda: True)
     assert fix_args(ns(bf16=True, tpu=True, cpu=True), ["--cpu", "--bf16"]).tpu is False
 
 

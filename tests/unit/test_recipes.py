@@ -191,7 +191,7 @@ def test_a_value_out_of_range_is_one_line_naming_the_key_and_the_range(tmp_path,
             recipes.load("xx-yy")
     study = open(os.path.join(REPO, "configs", "studies", "gl-en-norm.yaml")).read()
     for old, new, message in (("  heads: 4\n", "  heads: 3\n", r"model.heads \(3\) must divide model.embed_dim \(256\)"),
-                              ("  max_update: 6000\n", "  max_update: 0\n", "budget.max_update is 0; it must be >= 1"),
+                              ("  max_update: 6000", "  max_update: 0", "budget.max_update is 0; it must be >= 1"),
                               ("lr_grid: [", "lr_grid: [-1.0e-3, ", "lr_grid: -0.001 is not a learning rate")):
         assert old in study
         (tmp_path / "s.yaml").write_text(study.replace(old, new).replace("corpus: gl-en.yaml", "corpus: {dir: x}"))
@@ -283,8 +283,8 @@ def test_cli_get_and_train_args_is_one_shell_line():
 def test_every_pair_gives_the_same_commands_as_before_the_base_recipe(tmp_path, monkeypatch, capsys):
     """tests/data/recipes_golden.json: the CLI outputs captured from the six full configs before they
     became base.yaml + per-pair differences, every system, schedule, stopping rule and key (regenerated
-    for #33's intended changes: TwT rows stop by the paper's rule, QKNorm rows use the QKNorm code's
-    position table; and #38's: --optimizer multi_tensor_adam, the same update as adam)."""
+    for intended changes since: TwT rows stop by the paper's rule, QKNorm rows use the QKNorm code's
+    position table, and the recipes use --optimizer multi_tensor_adam, the same update as adam)."""
     monkeypatch.setenv("DATA_BIN", str(tmp_path))  # no prepared data: the recipes alone
     golden = json.loads(open(os.path.join(REPO, "tests", "data", "recipes_golden.json")).read())
     assert sorted(golden) == PAPER_PAIRS

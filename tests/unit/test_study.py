@@ -1,29 +1,32 @@
 """The gl->en study (qknorm_pipeline/study/): its runs and their flags, wall time and dev-BLEU curves
 from fairseq logs across resumptions, record comparison, and the report on fixture records
 (tests/system runs scripts/study.sh)."""
+import dataclasses
 import json
 import os
 import random
 import re
 import statistics
 
+import numpy as np
 import pytest
 import yaml
 from scipy import stats as scipy_stats
 
-from qknorm_pipeline import recipes
+from qknorm_pipeline import hardware, recipes
 from qknorm_pipeline import train as train_step
 from qknorm_pipeline.paths import Folders
 from qknorm_pipeline.scoring import bleu as bleu_module
-from qknorm_pipeline.scoring.significance import sentence_variance
-from qknorm_pipeline.study import config, records, report
+from qknorm_pipeline.scoring.significance import holm, seed_t_test, sentence_variance
+from qknorm_pipeline.study import config, records, render, report
 from qknorm_pipeline.study import runs as study_runs
+from qknorm_pipeline.study import stats as study_stats
 from qknorm_pipeline.study.config import StudyError
 
 from helpers import REPO, log_line, naive_bleu
 
 CONFIG = os.path.join(REPO, "configs", "studies", "gl-en.yaml")
-NORM = os.path.join(REPO, "configs", "studies", "gl-en-norm.yaml")  # issue #40: one recipe, an LR grid
+NORM = os.path.join(REPO, "configs", "studies", "gl-en-norm.yaml")  # one recipe, an LR grid
 
 
 def _line(stamp, kind, record):
@@ -216,7 +219,7 @@ def _last(args):
 
 
 def test_norm_study_trains_every_system_under_one_recipe(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_step, "has_gpu", lambda: True)
+    monkeypatch.setattr(hardware, "has_gpu", lambda: True)
     cfg = config.load(NORM)
     rec = config.recipe(cfg)
     where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results")))
@@ -248,7 +251,7 @@ def test_norm_study_trains_every_system_under_one_recipe(tmp_path, monkeypatch):
 
 
 def test_precision_is_checked_and_fp32_adds_no_flag(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_step, "has_gpu", lambda: True)
+    monkeypatch.setattr(hardware, "has_gpu", lambda: True)
     cfg = config.load(CONFIG)
     assert cfg.precision == "fp32" and not cfg.one_recipe.flags
     rec = config.recipe(cfg)
@@ -269,8 +272,10 @@ def test_precision_is_checked_and_fp32_adds_no_flag(tmp_path, monkeypatch):
 # --- the report on fixture records -----------------------------------------------------------
 
 def _records(tmp_path, runs):
-    """A study's records: per run (wall seconds, two dev BLEUs, noise of its test output), and the
-    prepared reference the records' scores name. (Folders, records folder, refs, hyps)."""
+    """A study's records: per run (wall seconds, its dev BLEUs every 10 updates, noise of its test
+    output[, noise of its last checkpoint's decoded output]), and the prepared reference the records'
+    scores name. (Folders, records folder, refs, hyps: of the best-dev checkpoints, and 'RUN/last' of
+    the last ones decoded)."""
     where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results")))
     rng = random.Random(3)
     vocab = [f"w{i}" for i in range(20)]
@@ -280,18 +285,20 @@ def _records(tmp_path, runs):
     ref.write_text("".join(r + "\n" for r in refs))
     records_dir = tmp_path / "results" / "runs" / "gl-en"
     hyps = {}
-    for run, (wall, bleus, noise) in runs.items():
+    for run, (wall, bleus, noise, *last) in runs.items():
         d = records_dir / run
         d.mkdir(parents=True)
         end = f"12:{wall // 60:02d}:{wall % 60:02d}"
         (d / "train.log").write_text(
             "# 2026-01-01T12:00:00Z fairseq-train data-bin\n2026-01-01 12:00:00 | INFO | x | start\n"
-            + _line("12:00:10", "valid", {"valid_loss": 5, "valid_bleu": bleus[0], "valid_num_updates": 10})
-            + _line("12:00:20", "valid", {"valid_loss": 4, "valid_bleu": bleus[1], "valid_num_updates": 20})
+            + "".join(_line(f"12:{10 * k // 60:02d}:{10 * k % 60:02d}", "valid",
+                            {"valid_loss": 5, "valid_bleu": b, "valid_num_updates": 10 * k}) for k, b in enumerate(bleus, 1))
             + f"2026-01-01 {end} | INFO | x | done\n")
-        hyps[run] = [" ".join(w if rng.random() > noise else rng.choice(vocab) for w in r.split()) for r in refs]
-        (d / "hyp.txt").write_text("".join(h + "\n" for h in hyps[run]))
-        (d / "scores.json").write_text("{}")
+        for key, out, n in ((run, d, noise), *((f"{run}/last", d / "last", x) for x in last)):
+            hyps[key] = [" ".join(w if rng.random() > n else rng.choice(vocab) for w in r.split()) for r in refs]
+            out.mkdir(exist_ok=True)
+            (out / "hyp.txt").write_text("".join(h + "\n" for h in hyps[key]))
+            (out / "scores.json").write_text("{}")
         (d / "command.txt").write_text("train: fairseq-train $DATA_BIN/gl-en\ndecode: --beam 4\n")
     return where, str(records_dir), refs, hyps
 
@@ -318,7 +325,7 @@ def test_report_tables_significance_and_curves(tmp_path):
     # the ranking and the neighbours' test: Welch's t over the two seeds of each (by hand, with scipy's
     # t distribution), the test set's variance added; one pair, so Holm changes nothing
     result = json.load(open(os.path.join(where.results, "study.json")))
-    assert "Ranking by mean multi-bleu-detok: qknorm > postnorm." in text
+    assert "Ranking by mean multi-bleu-detok: qknorm > postnorm; by the last checkpoint: qknorm > postnorm." in text
     (test,) = result["neighbours"]
     p = [bleu["postnorm"], bleu["postnorm_seed2"]]
     assert test["pair"] == ["qknorm", "postnorm"] and test["seeds"] == [2, 2] and test["seed_terms"] == ["own", "own"]
@@ -326,7 +333,7 @@ def test_report_tables_significance_and_curves(tmp_path):
     # the test set's share, from the hypotheses: the seeds' sentence statistics, resampled
     stats = {r: bleu_module.multi_bleu_detok(h, [refs]).stats for r, h in hyps.items()}
     sentences = sentence_variance([stats["qknorm"], stats["qknorm_seed2"]], [stats["postnorm"], stats["postnorm_seed2"]],
-                                  n_samples=report.N_SAMPLES, seed=12345)
+                                  n_samples=study_stats.N_SAMPLES, seed=12345)
     assert test["sentence_var"] == pytest.approx(sentences, rel=1e-9) and sentences > 0
     var = sum(terms) + sentences
     df = sum(terms) ** 2 / sum(v ** 2 for v in terms)
@@ -340,7 +347,7 @@ def test_report_tables_significance_and_curves(tmp_path):
     # both LRs: the ordering holds at 1x and 2x
     assert result["rankings"] == {"1": ["qknorm", "postnorm"], "2": ["qknorm", "postnorm"]}
     assert result["hold_at_every_lr"] == [["qknorm", "postnorm"]]
-    assert "- Orderings that hold at every learning rate: qknorm > postnorm" in text
+    assert "- Orderings that hold at every learning rate, by both checkpoints: qknorm > postnorm\n" in text
     # the last checkpoint: not decoded in these records; the best is the last where the last validation is best
     assert result["runs"]["qknorm"]["last_source"] == "best"
     assert result["runs"]["postnorm"]["curve"][1] == {"updates": 20, "wall_s": 20, "bleu": 2.0}
@@ -353,7 +360,9 @@ def test_report_tables_significance_and_curves(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tmp_path):
+def _pooled_report(tmp_path):
+    """The report of qknorm and postnorm with two seeds each and prenorm with one: (study.json, study.md,
+    references, hypotheses)."""
     cfg = config.load(CONFIG)
     cfg.lr_multipliers = []
     runs = {"postnorm": (600, [1.0, 2.0], 0.5), "postnorm_seed2": (900, [1.5, 2.5], 0.45),
@@ -361,13 +370,17 @@ def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tm
     where, records_dir, refs, hyps = _records(tmp_path, runs)
     chosen = [r for r in config.runs(cfg, ["postnorm", "prenorm", "qknorm"], seeds=2) if r.name in runs]
     text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
-    result = json.load(open(os.path.join(where.results, "study.json")))
+    return json.load(open(os.path.join(where.results, "study.json"))), text, refs, hyps
+
+
+def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tmp_path):
+    result, text, refs, hyps = _pooled_report(tmp_path)
     bleu = {r: naive_bleu(h, refs) for r, h in hyps.items()}
     post, qk = [bleu["postnorm"], bleu["postnorm_seed2"]], [bleu["qknorm"], bleu["qknorm_seed2"]]
     # one degree of freedom from each two-seed system: the mean of their variances
     pooled = (statistics.variance(post) + statistics.variance(qk)) / 2
     assert result["pooled_seed_sd"] == pytest.approx([pooled ** 0.5, 2], rel=1e-4)
-    assert "Ranking by mean multi-bleu-detok: qknorm > prenorm > postnorm." in text
+    assert "Ranking by mean multi-bleu-detok: qknorm > prenorm > postnorm;" in text
     first, second = result["neighbours"]
     assert first["seed_terms"] == ["own", "pooled"] and second["seed_terms"] == ["pooled", "own"]
     var = pooled + statistics.variance(post) / 2 + second["sentence_var"]
@@ -383,13 +396,109 @@ def test_report_pools_the_seed_spread_for_a_one_seed_system_and_holm_corrects(tm
     assert f" | {rows['prenorm']['multi_bleu_detok'][0]:.2f} ± {pooled ** 0.5:.2f} (pooled sd) | " in text
     # no LR section: the dev curves are shown with the plateau table
     assert text.count("](dev_bleu.png)") == 1 and "(test_bleu_lr.png)" not in text
-    assert text.index("## Where each run's best dev BLEU fell") < text.index("](dev_bleu.png)")
+    assert text.index("## Whether each run levelled off") < text.index("](dev_bleu.png)")
     assert f"its seed term is the seed standard deviation pooled over the other systems, {pooled ** 0.5:.2f} (2 " in text
     assert "The family of tests: the 2 pairs of neighbours in the ranking" in text
     for test in (first, second):
         assert test["resolved"] == (test["p_holm"] < 0.05)
-        assert f" | {test['p_holm_text']} | {'yes' if test['resolved'] else 'not resolved'} |" in text
+        assert (f" | {test['p_holm_text']} | {test['resolvable_delta']:.2f} | {'yes' if test['resolved'] else 'not resolved'} |"
+                in text)
     assert not re.search(r"\bties?\b", text) and "< 0." not in text
+
+
+def test_report_gives_the_smallest_difference_each_neighbour_test_resolves(tmp_path):
+    result, text, _, _ = _pooled_report(tmp_path)
+    seeds = {r["system"]: r["multi_bleu_detok_per_seed"] for r in result["systems"]}
+    pooled = (result["pooled_seed_sd"][0] ** 2, result["pooled_seed_sd"][1])
+    tests = result["neighbours"]
+    for i, t in enumerate(tests):
+        hi, lo = seeds[t["pair"][0]], seeds[t["pair"][1]]
+
+        def adjusted(delta, i=i, t=t, hi=hi, lo=lo):
+            """The pair's Holm-adjusted p were its delta DELTA: its first system's seeds shifted by the same amount."""
+            shifted = [x - statistics.mean(hi) + statistics.mean(lo) + delta for x in hi]
+            p = [u["p_two_sided"] for u in tests]
+            p[i] = seed_t_test(shifted, lo, sentence_var=t["sentence_var"], pooled=pooled)["p_two_sided"]
+            return holm(p)[i]
+
+        # brute force: the first delta of a fine grid at which the adjusted p falls below 0.05
+        step = t["se"] / 500
+        k = next(k for k in range(1, 10 ** 6) if adjusted(k * step) < 0.05)
+        assert (k - 1) * step <= t["resolvable_delta"] <= k * step
+        assert adjusted(t["delta"]) == pytest.approx(t["p_holm"])
+        assert t["resolved"] == (abs(t["delta"]) >= t["resolvable_delta"])
+    least = min(tests, key=lambda t: t["resolvable_delta"])
+    assert (f"this design resolves, at these seeds and this test set: {least['resolvable_delta']:.2f} BLEU "
+            f"({least['pair'][0]} vs {least['pair'][1]}, seeds ") in text
+    assert "resolves \\|delta\\| ≥ |" in text and "found by bisection on Welch's t" in text
+
+
+def test_report_shows_what_the_pooled_seed_sd_halved_or_doubled_does_to_each_verdict(tmp_path):
+    result, text, _, _ = _pooled_report(tmp_path)
+    seeds = {r["system"]: r["multi_bleu_detok_per_seed"] for r in result["systems"]}
+    sd, df_pooled = result["pooled_seed_sd"]
+    first, second = result["neighbours"]  # qknorm vs prenorm (2 vs 1), prenorm vs postnorm (1 vs 2)
+    assert [first["pair"], second["pair"]] == [["qknorm", "prenorm"], ["prenorm", "postnorm"]]
+
+    def p(test, own, scale):
+        """Welch's t by hand: the two-seed system's own term, the one-seed system's the pooled sd times SCALE."""
+        own_var, pooled_var = statistics.variance(seeds[own]) / 2, (sd * scale) ** 2
+        df = (own_var + pooled_var) ** 2 / (own_var ** 2 / 1 + pooled_var ** 2 / df_pooled)
+        t_stat = abs(test["delta"]) / (own_var + pooled_var + test["sentence_var"]) ** 0.5
+        return 2 * scipy_stats.t.sf(t_stat, df)
+
+    entries = result["pooled_sd_sensitivity"]["neighbours"]
+    assert [e["pair"] for e in entries] == [first["pair"], second["pair"]]
+    for key, scale in (("sd_x0.5", 0.5), ("sd_x2", 2.0)):
+        a, b = p(first, "qknorm", scale), p(second, "postnorm", scale)
+        small, large = sorted((a, b))
+        holm_ab = {a: min(1, 2 * small), b: min(1, max(2 * small, large))} if a <= b else \
+            {b: min(1, 2 * small), a: min(1, max(2 * small, large))}
+        for e, q in zip(entries, (a, b)):
+            assert e[key]["p_holm"] == pytest.approx(holm_ab[q], rel=1e-6)
+            assert e[key]["resolved"] == (holm_ab[q] < 0.05)
+    for e, t in zip(entries, (first, second)):
+        assert e["as_tested"] == {"p_holm": t["p_holm"], "resolved": t["resolved"]}
+    assert f"| qknorm vs prenorm | {entries[0]['sd_x0.5']['p_holm']:.3f}" in text
+    assert f"each is given the sd pooled over postnorm, qknorm, {sd:.2f} ({df_pooled} degrees of freedom)" in text
+    # the claims of the config (gl-en.yaml's) whose systems have rows are retested alike
+    claims = {tuple(c["pair"]) for c in result["claims"] if "pooled" in c["seed_terms"]}
+    assert {tuple(e["pair"]) for e in result["pooled_sd_sensitivity"]["claims"]} == claims
+
+
+def test_a_run_levels_off_when_its_last_running_median_is_no_higher_than_an_earlier_one():
+    rng = random.Random(1)
+    curves = {"rising": [5 + 0.4 * k + rng.uniform(-0.5, 0.5) for k in range(14)],
+              # flat but noisy, its single best score at its last validation
+              "flat": [10 + rng.uniform(-0.8, 0.8) for _ in range(13)] + [11.5],
+              "short": [1.0 * k for k in range(9)]}
+    found = {name: {"log": {"curve": [{"updates": 200 * (k + 1), "wall_s": k, "bleu": b} for k, b in enumerate(c)]}}
+             for name, c in curves.items()}
+    rows = {r["run"]: r for r in study_stats.plateau_rows(found)}
+    for name in ("rising", "flat"):
+        c = np.array(curves[name])
+        medians = np.median(np.lib.stride_tricks.sliding_window_view(c, 5), axis=1)  # one per 5 validations
+        earlier = medians[:-5]  # the windows that end before the last window starts
+        r = rows[name]
+        assert r["median_last"] == pytest.approx(medians[-1]) and r["median_before"] == pytest.approx(earlier.max())
+        assert r["median_before_at"] == 200 * (int(np.argmax(earlier)) + 5)
+        assert r["median_rise"] == pytest.approx(medians[-1] - medians[-6])
+        assert r["levelled_off"] == bool(medians[-1] <= earlier.max())
+    # the single-point rule reads the flat run's last spike as improvement; the running median does not
+    assert rows["flat"]["levelled_off"] is True and rows["flat"]["before_last"] is False
+    assert rows["rising"]["levelled_off"] is False
+    # nine validations: no window before the last that does not overlap it
+    assert rows["short"]["levelled_off"] is None and rows["short"]["median_last"] is None
+
+
+def test_a_closed_study_trains_no_more_runs(capsys):
+    from qknorm_pipeline.study import __main__ as study_main
+
+    assert config.load(NORM).closed is True
+    assert study_main.main(["--config", NORM, "--runs", "qknorm_lr5e-4"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "[study] error: configs/studies/gl-en-norm.yaml: the study is closed (closed: true), it trains no more runs: "
+        "rebuild its report with --report-only, or remove closed: to train")
 
 
 def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
@@ -423,10 +532,11 @@ def test_report_with_one_seed_each_tests_over_sentences_only(tmp_path):
 
 def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
     cfg = config.load(NORM)
+    cfg.closed = False  # a study still under way
     cfg.lr_grid = [1e-3, 2e-3]
     cfg.budget.max_update = 20  # the records' updates: none is short of the budget
-    # postnorm's best dev BLEU at 2e-3, qknorm's at 1e-3
-    runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5), "postnorm_lr2e-3": (600, [1.0, 3.0], 0.45),
+    # postnorm's best dev BLEU at 2e-3, qknorm's at 1e-3; postnorm_lr1e-3's last checkpoint decoded apart
+    runs = {"postnorm_lr1e-3": (600, [1.0, 2.0], 0.5, 0.05), "postnorm_lr2e-3": (600, [1.0, 3.0], 0.45),
             "postnorm_lr2e-3_seed2": (660, [1.5, 2.5], 0.5), "qknorm_lr1e-3": (600, [2.0, 4.0], 0.2),
             "qknorm_lr2e-3": (600, [2.0, 1.0], 0.4), "qknorm_lr1e-3_seed2": (720, [2.0, 3.5], 0.25)}
     where, records_dir, refs, hyps = _records(tmp_path, runs)
@@ -443,23 +553,43 @@ def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
     assert rows["qknorm"]["multi_bleu_per_seed"] == pytest.approx([bleu["qknorm_lr1e-3"], bleu["qknorm_lr1e-3_seed2"]],
                                                                   abs=1e-3)
     assert "## Test BLEU at each system's best learning rate of the grid" in text
-    assert "| system | 0.001 LR: multi-bleu-detok (dev) | 0.002 LR: multi-bleu-detok (dev) |" in text
-    assert f"| qknorm | {bleu['qknorm_lr1e-3']:.2f} (4.00) | {bleu['qknorm_lr2e-3']:.2f} (2.00) |" in text
+    assert "| system | 0.001 LR: best / last (dev) | 0.002 LR: best / last (dev) |" in text
+    # each cell: the best-dev and the last checkpoint's test multi-bleu-detok; qknorm_lr2e-3's last checkpoint (its
+    # last validation below its best) was not decoded; postnorm_lr1e-3's was, and scores above its best-dev one
+    detok = {r: bleu_module.multi_bleu_detok(h, [refs]).score for r, h in hyps.items()}
+    assert f"| qknorm | {detok['qknorm_lr1e-3']:.2f} / {detok['qknorm_lr1e-3']:.2f} (4.00) | {detok['qknorm_lr2e-3']:.2f} " \
+           "/ n/a (2.00) |" in text
+    assert f"| postnorm | {detok['postnorm_lr1e-3']:.2f} / {detok['postnorm_lr1e-3/last']:.2f} (2.00) |" in text
+    assert detok["postnorm_lr1e-3/last"] > detok["qknorm_lr1e-3"] > detok["postnorm_lr1e-3"]
+    # so the last checkpoints rank postnorm first at 1e-3, where the best-dev ones rank qknorm first
+    assert result["rankings"]["0.001"] == ["qknorm", "postnorm"]
+    assert result["rankings_last_checkpoint"] == {"0.001": ["postnorm", "qknorm"], "0.002": ["postnorm"]}
+    # no ordering holds by the last checkpoint: qknorm has none at 2e-3
+    assert result["hold_at_every_lr_last_checkpoint"] == []
+    assert "- Ranking at 0.001: best-dev checkpoint qknorm > postnorm; last checkpoint postnorm > qknorm\n" in text
+    assert "; last checkpoint postnorm (no last checkpoint: qknorm)\n" in text
+    gap = detok["postnorm_lr1e-3/last"] - detok["postnorm_lr1e-3"]
+    assert (f"- Best-dev against last checkpoint: a run's test multi-bleu-detok moves by up to {gap:.2f} (postnorm_lr1e-3: "
+            f"{detok['postnorm_lr1e-3']:.2f} / {detok['postnorm_lr1e-3/last']:.2f}), against deltas of ") in text
     # the runs off the best rate have their own rows in the wall-time table
     assert "| postnorm_lr1e-3 | 20 | 10.0 |" in text and "| qknorm_lr2e-3 | 20 | 10.0 |" in text
     assert result["runs"]["qknorm_lr2e-3"]["lr"] == 2e-3
-    # the issue's order: every rate of the grid (and its plot), then the ranking at the best rates
+    # every rate of the grid (and its plot), then the ranking at the best rates
     assert text.index("## Each system at every learning rate") < text.index("## Test BLEU at each system's best") \
-        < text.index("## Which differences") < text.index("## Where each run's best dev BLEU fell")
+        < text.index("## Which differences") < text.index("## Whether each run levelled off")
     with open(os.path.join(where.results, "test_bleu_lr.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     # both plots are shown in the LR section, once each
     lr_part = text[text.index("## Each system at every learning rate"):text.index("## Test BLEU at each system's best")]
     assert lr_part.count("](test_bleu_lr.png)") == text.count("](test_bleu_lr.png)") == 1
     assert lr_part.count("](dev_bleu.png)") == text.count("](dev_bleu.png)") == 1
-    # qknorm_lr2e-3 peaked at its first validation (update 10); every other run at its last (20)
-    assert "1 of 6 runs reached their best dev BLEU before their last validation" in text
-    assert "| qknorm_lr2e-3 | 2.00 | 10 | 20 | yes |" in text and "| qknorm_lr1e-3 | 4.00 | 20 | 20 | no |" in text
+    # qknorm_lr2e-3 peaked at its first validation (update 10); every other run at its last (20); two
+    # validations are too few for the running median
+    assert ("Runs that levelled off: 1 of 6 by the single-point rule (best dev BLEU before the last validation) (6 runs "
+            "with fewer than 10 validations not judged by the running median). Did most runs level off before the budget "
+            "ended, as a study's budget aims? no by the single-point rule.") in text
+    assert "| qknorm_lr2e-3 | 2.00 | 10 | n/a | n/a | n/a | n/a | yes |" in text
+    assert "| qknorm_lr1e-3 | 4.00 | 20 | n/a | n/a | n/a | n/a | no |" in text
     assert {r["run"]: r["before_last"] for r in result["plateau"]}["qknorm_lr2e-3"] is True
     # the config's claims name systems this report has not: no claims section
     assert "## What the data say" not in text and result["claims"] == []
@@ -471,6 +601,16 @@ def test_report_of_a_grid_study_compares_each_system_at_its_best_rate(tmp_path):
             "postnorm_lr2e-3_seed3, qknorm_lr1e-3_seed3; seeds 2, 3 of prenorm, scalenorm, fairseq_transformer, "
             "fairseq_prenorm at each one's best rate of the grid (named once its grid runs are recorded; until then its "
             "best rate, and what follows from it here, can change).\n") in text
+    assert result["closed"] is False
+    # the study closed (closed: true in its config): the runs it lacks were not run
+    cfg.closed = True
+    text = open(report.write(cfg, chosen, where, records_dir, command=["bash", "scripts/study.sh", "--report-only"])).read()
+    assert ("\nRuns: 6 of the study's 24. The study is closed (closed: in configs/studies/gl-en-norm.yaml); not run: "
+            "prenorm_lr1e-3, scalenorm_lr1e-3, fairseq_transformer_lr1e-3, fairseq_prenorm_lr1e-3, prenorm_lr2e-3, "
+            "scalenorm_lr2e-3, fairseq_transformer_lr2e-3, fairseq_prenorm_lr2e-3, postnorm_lr2e-3_seed3, "
+            "qknorm_lr1e-3_seed3; seeds 2, 3 of prenorm, scalenorm, fairseq_transformer, fairseq_prenorm at each one's "
+            "best rate of the grid.\n") in text
+    assert json.load(open(os.path.join(where.results, "study.json")))["closed"] is True
 
 
 def test_report_tests_the_papers_claims_as_a_holm_family(tmp_path):
@@ -524,7 +664,7 @@ def test_report_compares_our_speed_with_the_stock_rows_run_by_run(tmp_path):
     assert "| postnorm | 20 | 10.0 | 0.03 | M1 |" in text and "| qknorm | 20 | 15.0 | 0.02 | M1+M2 |" in text
     assert "| fairseq_transformer | 20 | 8.0 | 0.04 | ? |" in text
     assert ("Machines (each start of a run logs its own): M1 = CPU A, 2 CPUs (2 runs); M2 = CPU B (1 run); "
-            "? = not recorded (1 run: a start logged before the training entry point named its machine).") in text
+            "? = not recorded (1 run: a start whose log names no machine).") in text
     assert json.load(open(os.path.join(where.results, "study.json")))["runs"]["qknorm_lr1e-3"]["machines"] == \
         ["CPU A, 2 CPUs", "CPU B"]
     # without a stock run there is nothing to compare
@@ -561,35 +701,45 @@ def test_the_study_report_command_keeps_the_config_and_budget_only():
 
 def test_a_ranking_shows_scores_that_print_alike_as_equal():
     score = {"a": 10.004, "b": 9.996, "c": 9.0, "d": 8.999}.get
-    assert report.ranking_text(["a", "b", "c", "d"], score) == "a = b > c = d"
-    assert report.ranking_text(["c"], score) == "c"
+    assert render.ranking_text(["a", "b", "c", "d"], score) == "a = b > c = d"
+    assert render.ranking_text(["c"], score) == "c"
 
 
 def test_holm_family_prints_an_adjusted_p_just_below_alpha_with_the_digits_that_show_it():
-    (t,) = report.holm_family([{"p_two_sided": 0.04999, "seed_spread_known": True}])
+    (t,) = study_stats.holm_family([{"p_two_sided": 0.04999, "seed_spread_known": True}])
     assert t["resolved"] is True and t["p_holm_text"] == "0.04999"
 
 
 def test_lr_conclusions_keep_only_orderings_that_hold_at_both():
     rows = [{"system": s, "by_lr": {1.0: {"test": a}, 2.0: {"test": b}}}
             for s, a, b in (("a", 10, 9), ("b", 9, 10), ("c", 8, 7), ("d", 8, 7))]
-    rankings, hold = report.lr_conclusions(rows)
+    rankings, hold = study_stats.lr_conclusions(rows)
     assert rankings == {1.0: ["a", "b", "c", "d"], 2.0: ["b", "a", "c", "d"]}
     # a and b swap; c and d tie at both: no ordering between them
     assert hold == [("a", "c"), ("a", "d"), ("b", "c"), ("b", "d")]
     # a grid not yet complete (an interim report): a system without a rate is left out of its ranking
     del rows[0]["by_lr"][2.0]
-    rankings, hold = report.lr_conclusions(rows)
+    rankings, hold = study_stats.lr_conclusions(rows)
     assert rankings == {1.0: ["a", "b", "c", "d"], 2.0: ["b", "c", "d"]}
     assert ("a", "c") in hold and ("b", "c") in hold
+    # by the last checkpoint: one not decoded leaves its system out of that rate's ranking and out of
+    # every ordering that would need it
+    for r, lasts in zip(rows, ({1.0: 9}, {1.0: 9.5, 2.0: None}, {1.0: 7, 2.0: 6}, {1.0: 8, 2.0: 5})):
+        for m, v in lasts.items():
+            r["by_lr"][m]["last"] = v
+    rankings, hold = study_stats.lr_conclusions(rows, "last")
+    assert rankings == {1.0: ["b", "a", "d", "c"], 2.0: ["c", "d"]}
+    assert hold == [("b", "a"), ("a", "c"), ("a", "d")]
 
 
 def test_a_bf16_study_on_a_cpu_without_bf16_stops_before_any_work_naming_its_config(monkeypatch, capsys, tmp_path):
     from qknorm_pipeline.study import __main__ as study_main
 
-    monkeypatch.setattr(train_step, "has_gpu", lambda: False)
-    monkeypatch.setattr(train_step, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(hardware, "has_gpu", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(study_main, "prepare_data", lambda *a: pytest.fail("prepared data before the check"))
+    load = config.load
+    monkeypatch.setattr(config, "load", lambda path: dataclasses.replace(load(path), closed=False))  # one not closed
     assert study_main.main(["--config", NORM]) == 1
     err = capsys.readouterr().err.strip()
     assert err == ("[study] error: configs/studies/gl-en-norm.yaml: precision: bf16: this CPU has no native bf16 "
@@ -607,8 +757,8 @@ def test_a_dry_run_of_a_bf16_study_on_a_cpu_without_bf16_shows_its_runs_and_says
         monkeypatch, capsys, tmp_path):
     from qknorm_pipeline.study import __main__ as study_main
 
-    monkeypatch.setattr(train_step, "has_gpu", lambda: False)
-    monkeypatch.setattr(train_step, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(hardware, "has_gpu", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(study_main, "prepare_data", lambda *a: None)
     monkeypatch.setenv("RESULTS_DIR", str(tmp_path / "results"))
     runs = "qknorm_lr5e-4 fairseq_prenorm_lr5e-4"

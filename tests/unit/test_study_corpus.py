@@ -11,7 +11,7 @@ from qknorm_pipeline.paths import Folders
 from qknorm_pipeline.study import config, corpus
 from qknorm_pipeline.study.config import StudyError
 
-from helpers import REPO, SHARED_DATA
+from helpers import REPO, shared
 
 STUDIES = [os.path.join(REPO, "configs", "studies", name) for name in ("gl-en.yaml", "gl-en-norm.yaml")]
 NAMES = ["train.gl", "train.en", "dev.gl", "dev.en", "test.gl", "test.en"]
@@ -113,9 +113,7 @@ def test_the_shipped_studies_name_a_download_and_the_bytes_their_records_used(pa
     cfg = config.load(path)
     assert cfg.corpus.source == "ted_multi" and not cfg.corpus.dir
     assert "shared" not in open(path).read()
-    folder = os.path.join(SHARED_DATA, "ted-gl-en")
-    if not os.path.isdir(folder):
-        pytest.skip(f"{folder} is absent (real data is only on development machines)")
+    folder = shared("ted-gl-en")
     corpus.check(cfg, folder, folder)  # line counts and sha256 of the copy the recorded runs used
     assert sorted(cfg.corpus.sha256) == sorted(NAMES)
     assert corpus.describe(cfg) == "gl-en, the ted_multi download, 11,233 / 742 / 1,112 train / dev / test lines"

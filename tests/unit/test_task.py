@@ -91,7 +91,7 @@ def test_bleu_reads_the_batchs_targets_once_and_scores_as_fairseq():
 @pytest.mark.parametrize("precision, dtype", [("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_inference_step_decodes_under_autocast_in_its_precision(monkeypatch, precision, dtype):
     """--decode-precision: the search runs under autocast of that dtype on the model's device, fp32
-    without autocast (the machine check is patched out: this CPU may lack bf16 kernels)."""
+    without autocast (the machine check is patched out: the CPU running the tests may lack bf16 kernels)."""
     from qknorm_fairseq import task as task_module
 
     monkeypatch.setattr(task_module, "precision_problem", lambda precision, device: None)
