@@ -190,7 +190,8 @@ class Stock:
 @dataclass
 class Cpu:
     # A CPU run's numbers depend on the thread count and the instruction set the kernels use
-    # (docs/reproducibility.md). Set both to get the same numbers on every x86-64 machine with AVX2.
+    # (docs/reproducibility.md). Set both to get the same numbers on every AVX2 CPU of one vendor
+    # (MKL's code path differs between Intel's and AMD's).
     threads: Optional[int] = ranged(None, at_least=1)  # OMP_NUM_THREADS and MKL_NUM_THREADS
     isa: Optional[str] = None               # e.g. avx2: ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA
 
