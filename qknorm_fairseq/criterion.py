@@ -111,15 +111,18 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         c_smooth = grad_loss * eps_i * keep
         c_softmax = (c_nll + n * c_smooth)[:, None]
         grad = torch.empty_like(logits)
+        in_place = grad.dtype == lse.dtype  # fp32 logits: the block is computed where it is returned
         for b in _row_blocks(rows, types):
-            # in place on the block's fp32 copy: softmax * c_softmax - c_nll onehot - c_smooth allowed
-            g = logits[b].to(lse.dtype, copy=True).sub_(lse[b, None]).exp_().mul_(c_softmax[b])
+            # softmax * c_softmax - c_nll onehot - c_smooth allowed, in place on an fp32 block
+            g = torch.sub(logits[b], lse[b, None], out=grad[b]) if in_place else logits[b].to(lse.dtype).sub_(lse[b, None])
+            g.exp_().mul_(c_softmax[b])
             g.scatter_add_(-1, target[b, None], -c_nll[b, None])
             if weights is None:
                 g.sub_(c_smooth[b, None])
             else:
                 g.addr_(c_smooth[b], weights, alpha=-1)
-            grad[b] = g
+            if not in_place:
+                grad[b] = g
         return grad, None, None, None, None, None
 
 

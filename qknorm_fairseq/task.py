@@ -41,6 +41,7 @@ from .compile import compile_layers
 from .decoder_cache import CachedEnsemble, unsupported
 from .dictionary import ListStringDictionary
 from .length_buckets import LengthBucketDataset
+from .length_groups import merged_logs, split_by_target_length
 from .twt_search import TwTSequenceGenerator, gnmt_penalty
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,12 @@ class TranslationQKConfig(TranslationConfig):
         metadata={"help": "batch the training split in N length buckets, each padded to one shape (at most N + 1 "
                           "batch shapes an epoch; qknorm_fairseq/length_buckets.py); 0: fairseq's batching"},
     )
+    length_groups: int = field(
+        default=1,
+        metadata={"help": "compute each training batch as N groups of sentences sorted by target length, each "
+                          "trimmed to its own longest sentence, their gradients added up: the same update up to "
+                          "rounding, with less padding computed (qknorm_fairseq/length_groups.py); 1: the batch whole"},
+    )
     decoder_step: ChoiceEnum(DECODER_STEPS) = field(
         default="cached",
         metadata={"help": "beam search's decoder step for qknorm_transformer models: cached (a preallocated key/value "
@@ -137,6 +144,8 @@ class TranslationQKTask(TranslationTask):
         problem = precision_problem(cfg.decode_precision, device)
         if problem:
             raise ValueError(problem)
+        if cfg.length_groups < 1:
+            raise ValueError(f"--length-groups {cfg.length_groups} must be >= 1 (1: each batch whole)")
         return super().setup_task(cfg, **kwargs)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
@@ -186,6 +195,17 @@ class TranslationQKTask(TranslationTask):
             self.datasets[split] = LengthBucketDataset(self.datasets[split], self.cfg.length_buckets)
             logger.info(f"{split}: {self.cfg.length_buckets} length buckets, padded to "
                         f"{', '.join(map(str, self.datasets[split].bounds))} tokens")
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if self.cfg.length_groups == 1:
+            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        total, size, logs = 0.0, 0, []
+        for group in split_by_target_length(sample, self.cfg.length_groups, self.tgt_dict.pad()):
+            # fairseq's train_step on each group: its backward adds the group's gradient to the others'
+            loss, group_size, log = super().train_step(group, model, criterion, optimizer, update_num, ignore_grad)
+            total, size = total + loss.detach(), size + group_size
+            logs.append(log)
+        return total, size, merged_logs(logs)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.decode_precision)

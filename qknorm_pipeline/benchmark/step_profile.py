@@ -15,8 +15,11 @@ during update K, counts:
   is_nonzero) on a tensor that would live on the device (not one made from a shape), and tensors
   made from Python data (lift_fresh: a host-to-device copy on a GPU); each site is listed with its
   Python caller;
-during update K - 1, with torch.profiler: the CPU time of its ATen ops and the share of the eight
-costliest (self time; op_ms, top_ops);
+during update K - 1, with torch.profiler: its wall time (update_ms), the CPU time of its ATen ops and
+the share of the eight costliest (self time; op_ms, top_ops), and its time by op family (op_families,
+ms; FAMILIES below): the optimizer step and the gradient clipping whole, --fast-dropout's mask draws
+whole (numpy's included), every other ATen op by its name, and "framework" for the rest of the wall
+time (Python, dispatch, the autograd engine, the profiler's own cost);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
 all tokens, source and target together). --plain runs fairseq's own Trainer (plain
@@ -25,6 +28,7 @@ fairseq-train); otherwise qknorm_pipeline.fairseq_train's, which here also train
 """
 import json
 import sys
+import time
 import traceback
 from collections import Counter
 
@@ -40,6 +44,21 @@ H2D = ("lift_fresh", "lift_fresh_copy")
 # embeddings, makes one) lives on the host on every machine; so does whatever is computed from host
 # tensors only. Reading those is no sync. Code meant for the device names it (device=x.device).
 HOST = "_qknorm_on_host"
+
+# An update's time by op family: ATen ops by name (self time), the first family that names one.
+FAMILIES = {
+    "matrix products": ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_addmm_activation"),
+    "fused attention": ("_scaled_dot_product_flash_attention_for_cpu",
+                        "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    "norms": ("native_layer_norm", "native_layer_norm_backward", "linalg_vector_norm", "norm"),
+    "softmax and loss": ("_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data",
+                         "logsumexp", "nll_loss_forward", "nll_loss_backward", "gather", "scatter_add_"),
+    "dropout": ("bernoulli_", "native_dropout", "native_dropout_backward"),
+}
+ELEMENTWISE = "elementwise and copies"  # every other ATen op: casts, residuals, masks, activations
+# whole regions of an update, everything inside them (Python and non-ATen work too)
+REGIONS = {"clip": "optimizer and clip", "step": "optimizer and clip", "keep_mask": "dropout"}
+FRAMEWORK = "framework"
 
 
 class OpCounter(TorchDispatchMode):
@@ -109,6 +128,57 @@ def time_shares(prof, top=8):
             "top_ops": {e.key: round(e.self_cpu_time_total / total, 3) for e in ops[:top]}}
 
 
+def regioned(name, fn):
+    def wrapped(*args, **kwargs):
+        with torch.profiler.record_function(REGION + name):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+REGION = "qknorm_region:"
+
+
+def op_families(events, wall_ms):
+    """{family: ms} of a profiled update (EVENTS: torch.profiler's events) whose wall time was
+    WALL_MS; the families add up to it."""
+    by_name = {n: family for family, names in FAMILIES.items() for n in names}
+    ms = dict.fromkeys([*FAMILIES, ELEMENTWISE, "optimizer and clip"], 0.0)
+
+    def region(e):
+        while e is not None:
+            if e.name.startswith(REGION):
+                return e
+            e = e.cpu_parent
+        return None
+
+    for e in events:
+        if e.name.startswith(REGION) and region(e.cpu_parent) is None:
+            ms[REGIONS[e.name[len(REGION):]]] += e.cpu_time_total / 1e3
+        elif e.name.startswith("aten::") and region(e) is None:
+            ms[by_name.get(e.name[len("aten::"):], ELEMENTWISE)] += e.self_cpu_time_total / 1e3
+    ms[FRAMEWORK] = wall_ms - sum(ms.values())
+    return {k: round(v, 1) for k, v in ms.items()}
+
+
+def profiled(trainer, original, samples, raise_oom):
+    """(train_step's result, what the profile of that update says of its time)."""
+    from qknorm_fairseq import fast_dropout
+
+    saved = trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask
+    trainer.clip_grad_norm = regioned("clip", trainer.clip_grad_norm)
+    trainer.optimizer.step = regioned("step", trainer.optimizer.step)
+    fast_dropout.keep_mask = regioned("keep_mask", fast_dropout.keep_mask)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            result = original(trainer, samples, raise_oom)
+            wall_ms = (time.perf_counter() - start) * 1e3
+    finally:
+        trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask = saved
+    return result, {"update_ms": round(wall_ms, 1), **time_shares(prof),
+                    "op_families": op_families(prof.events(), wall_ms)}
+
+
 def watch(trainer_cls, update, out):
     original = trainer_cls.train_step
 
@@ -116,9 +186,8 @@ def watch(trainer_cls, update, out):
 
     def train_step(self, samples, raise_oom=False):
         if self.get_num_updates() + 2 == update:  # the update before: where its time goes, undisturbed
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                result = original(self, samples, raise_oom)
-            timed.update(time_shares(prof))
+            result, times = profiled(self, original, samples, raise_oom)
+            timed.update(times)
             return result
         if self.get_num_updates() + 1 != update:
             return original(self, samples, raise_oom)

@@ -11,7 +11,9 @@ fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates;
 epoch's `ups` is kept beside it (a GPU meets every batch shape for the first time in epoch 1 and
 pays for it there: cuDNN plans, allocator blocks, compiled graphs). Then, once per
 run, qknorm_pipeline/benchmark/step_profile.py counts one non-logging update: ATen ops by phase,
-host-device syncs, and the training split's batch shapes per epoch and padding fraction.
+host-device syncs, the training split's batch shapes per epoch and padding fraction, and the time of
+the update before it by op family; the table prints the matrix products' share of that update and
+the update's time over theirs: how far the update is from the time its arithmetic needs.
 Records are appended to --out (default: results/gpu/throughput.json on a GPU,
 results/throughput-cpu.json on a CPU), one per system, precision and repetition.
 """
@@ -29,7 +31,7 @@ from .. import train as train_step
 from ..cli import UserError, log
 from ..fairseq_log import parse_line
 from ..files import read_json, write_atomic
-from ..hardware import cpu_has_bf16, device_name
+from ..hardware import cpu_has_bf16, device_name, machine
 from ..paths import Folders, folders, shareable
 from ..recipes import STOCK
 from ..train import ENTRY
@@ -94,7 +96,7 @@ def profile_one(cmd, env, scratch):
     rec = read_json(out, "a step_profile run wrote it incompletely; run the benchmark again")
     os.remove(out)
     return {k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
-                                "padding", "op_ms", "top_ops")}
+                                "padding", "update_ms", "op_ms", "top_ops", "op_families")}
 
 
 def time_one(cmd, env, warmup, updates):
@@ -144,7 +146,7 @@ def run(opts):
     if not opts.gpu:
         for precision in opts.precisions:
             train_step.check_cpu_precision(precision)
-    device = device_name(opts.gpu)
+    device, machine_line = device_name(opts.gpu), machine(opts.gpu)
     out = opts.out or os.path.join(folders().results, "gpu/throughput.json" if opts.gpu else "throughput-cpu.json")
     if opts.warmup >= opts.updates:
         raise UserError(f"--warmup {opts.warmup} must be below --updates {opts.updates}")
@@ -167,7 +169,8 @@ def run(opts):
                 log("benchmark", f"profiled {key[0]} {key[1]}: {profiles[key]['ops']['total']} ops, "
                                  f"{profiles[key]['syncs']} syncs per update")
     date = datetime.now().astimezone().isoformat(timespec="seconds")
-    records = [{"system": s, "updates_per_s": v, "updates_per_s_by_epoch": epochs[s, p][i], "rep": i + 1, "device": device, "precision": p,
+    records = [{"system": s, "updates_per_s": v, "updates_per_s_by_epoch": epochs[s, p][i], "rep": i + 1, "device": device,
+                "machine": machine_line, "precision": p,
                 "pair": opts.pair, "updates": opts.updates, "warmup": opts.warmup, "label": opts.label, "date": date,
                 "command": recorded(cmds[s, p][0], scratch),
                 **profiles.get((s, p), {})}
@@ -176,7 +179,7 @@ def run(opts):
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old + records, indent=1) + "\n")
     print(table(speeds, profiles, opts.reps, epochs))
-    print(f"\n{opts.pair}, {device}; appended to {shareable(out)}")
+    print(f"\n{opts.pair}, {machine_line}; appended to {shareable(out)}")
     return records
 
 
@@ -191,8 +194,9 @@ def table(speeds, profiles, reps, epochs):
     head = f"| system | precision | updates/s (median of {reps}) | vs stock | vs fp32 | updates/s by epoch |"
     rule = "|---|---|---|---|---|---|"
     if profiles:
-        head += " ATen ops per update (fwd / bwd / clip / step / other) | syncs per update | shapes per epoch | padding |"
-        rule += "---|---|---|---|"
+        head += (" ATen ops per update (fwd / bwd / clip / step / other) | syncs per update | shapes per epoch | padding |"
+                 " matrix products: ms (share of the update) | update / matrix products |")
+        rule += "---|---|---|---|---|---|"
     lines = [head, rule]
     for (s, p), v in med.items():
         stock, fp32 = med.get((STOCK, p)), med.get((s, "fp32"))  # a SYSTEM:FLAGS row: vs plain stock
@@ -204,9 +208,16 @@ def table(speeds, profiles, reps, epochs):
             o = r["ops"]
             phases = " / ".join(str(o.get(k, 0)) for k in ("forward", "backward", "clip", "step", "other"))
             row += (f" {o['total']} ({phases}) | {r['syncs']} | {r['shapes_per_epoch']} of {r['batches_per_epoch']} "
-                    f"batches | {r['padding']:.1%} |")
+                    f"batches | {r['padding']:.1%} | {matmul_share(r)} |")
         lines.append(row)
     return "\n".join(lines)
+
+
+def matmul_share(profile):
+    """'MS (SHARE) | RATIO' of a profiled update: its matrix products' milliseconds, their share of
+    the update's wall time, and that time over theirs."""
+    mm, wall = profile["op_families"]["matrix products"], profile["update_ms"]
+    return f"{mm:.0f} ({mm / wall:.0%}) | {wall / mm:.2f}×" if mm else "0 | -"
 
 
 def add_arguments(s):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qknorm_pipeline.hardware import cpu_has_bf16, cpu_name
+from qknorm_pipeline.hardware import cpu_has_bf16, cpu_name, machine
 
 from helpers import REPO, TINY_RECIPE, script, train_args
 
@@ -29,6 +29,8 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
         assert r["updates_per_s"] > 0 and r["device"].startswith(cpu_name()) and r["precision"] == "fp32"
         assert (r["label"], r["pair"], r["updates"], r["warmup"]) == ("test", "demo", 8, 2)
         assert r["ops"]["total"] == sum(r["ops"][k] for k in ("forward", "backward", "clip", "step", "other"))
+        assert r["machine"] == machine() and r["op_families"]["matrix products"] > 0
+        assert sum(r["op_families"].values()) == pytest.approx(r["update_ms"], abs=1)
     ours, fast, stock = recs
     # the same data batched by fairseq for ours and stock, by length buckets for the fast row
     epoch = ("batches_per_epoch", "shapes_per_epoch", "padding")
@@ -47,6 +49,8 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
     assert stock["syncs"] > 1 and stock["ops"]["step"] > 100
     assert fast["shapes_per_epoch"] <= min(4, ours["shapes_per_epoch"]) and fast["padding"] > ours["padding"]
     assert "| fairseq_transformer | fp32 |" in p.stdout and "| postnorm | fp32 |" in p.stdout
+    mm = ours["op_families"]["matrix products"]
+    assert f"| {mm:.0f} ({mm / ours['update_ms']:.0%}) | {ours['update_ms'] / mm:.2f}× |" in p.stdout
     again = script("benchmark.sh", *argv[:4], "postnorm", "--no-profile", *argv[7:], root=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     recs = json.loads(out.read_text())

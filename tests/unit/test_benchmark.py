@@ -202,3 +202,29 @@ def test_step_profile_counts_ops_by_phase_and_by_name():
     assert ("forward", "add") not in counter.by_name
     for phase, total in counter.ops.items():
         assert total == sum(n for (p, _), n in counter.by_name.items() if p == phase)
+
+
+def test_step_profile_splits_an_update_by_op_family_and_counts_regions_whole():
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from qknorm_pipeline.benchmark.step_profile import FAMILIES, FRAMEWORK, op_families, regioned
+
+    x, w = torch.randn(4096, 256), torch.randn(256, 256)  # each op well above 0.1 ms, the rounding
+    clip = regioned("clip", lambda: (x @ w).mm(w))  # matrix products inside the clip: the optimizer's time
+    draw = regioned("keep_mask", lambda: torch.rand(4096, 256).lt(0.5))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        F.layer_norm(x, (256,)) + 1.0
+        clip()
+        draw()
+        time.sleep(0.02)  # no ATen op: the framework's share
+        wall = (time.perf_counter() - start) * 1e3
+    ms = op_families(prof.events(), wall)
+    assert set(ms) == {*FAMILIES, "elementwise and copies", "optimizer and clip", FRAMEWORK}
+    assert ms["matrix products"] == 0 and ms["optimizer and clip"] > 0 and ms["dropout"] > 0
+    assert ms["norms"] > 0 and ms["elementwise and copies"] > 0 and ms[FRAMEWORK] >= 20
+    assert ms["fused attention"] == ms["softmax and loss"] == 0
+    assert sum(ms.values()) == pytest.approx(wall, abs=0.1 * len(ms))

@@ -46,7 +46,8 @@ def test_demo_table_is_compare_json():
 # on a CPU, the recipe's own on the GPU) and which stock fairseq's
 OURS = {"fused loss, numpy dropout draws": "qknorm:--fast-dropout --fused-loss",
         "Intel Xeon without AMX": "qknorm:--fast-dropout --fused-loss --attention-kernel matmul",
-        "fused normalize, AMD EPYC without AVX512": "qknorm:--fast-dropout --fused-loss --attention-kernel matmul",
+        "length groups, 3 repetitions, AMD EPYC with AVX2 only":
+            "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --length-groups 3",
         "eager (before --compile), cuDNN attention off": "qknorm"}
 
 
