@@ -22,7 +22,7 @@ whole (numpy's included), every other ATen op by its name, and "framework" for t
 time (Python, dispatch, the autograd engine, the profiler's own cost);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
-all tokens, source and target together). --plain runs fairseq's own Trainer (plain
+all tokens: source and target together, and each side alone: padding_source, padding_target). --plain runs fairseq's own Trainer (plain
 fairseq-train); otherwise qknorm_pipeline.fairseq_train's, which here also trains --cpu
 --bf16 on a CPU without native bf16 (the counts do not depend on the instructions; the times do).
 """
@@ -57,7 +57,8 @@ FAMILIES = {
 }
 ELEMENTWISE = "elementwise and copies"  # every other ATen op: casts, residuals, masks, activations
 # whole regions of an update, everything inside them (Python and non-ATen work too)
-REGIONS = {"clip": "optimizer and clip", "step": "optimizer and clip", "keep_mask": "dropout"}
+OPTIMIZER = "optimizer and clip"
+REGIONS = {"clip": OPTIMIZER, "step": OPTIMIZER, "keep_mask": "dropout"}
 FRAMEWORK = "framework"
 
 
@@ -103,20 +104,24 @@ def phased(counter, name, fn):
 
 
 def epoch_shapes(trainer):
-    """(batches, distinct shapes, padding fraction) of an epoch of the training split."""
+    """(batches, distinct shapes, {padding fraction: both sides, source, target}) of an epoch of the
+    training split."""
     cfg, task = trainer.cfg, trainer.task
     ds = task.dataset(cfg.dataset.train_subset)
     indices, _ = ds.filter_indices_by_size(ds.ordered_indices(), trainer.get_model().max_positions())
     batches = ds.batch_by_size(indices, max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
                                required_batch_size_multiple=cfg.dataset.required_batch_size_multiple)
-    shapes, pad, total = set(), 0, 0
+    shapes, pad, total = set(), Counter(), Counter()
     for batch in batches:
         sample = ds.collater([ds[int(i)] for i in batch])
         src, tgt = sample["net_input"]["src_tokens"], sample["target"]
         shapes.add((src.size(0), src.size(1), tgt.size(1)))
-        pad += int(src.eq(task.src_dict.pad()).sum() + tgt.eq(task.tgt_dict.pad()).sum())
-        total += src.numel() + tgt.numel()
-    return len(batches), len(shapes), pad / total
+        pad["source"] += int(src.eq(task.src_dict.pad()).sum())
+        pad["target"] += int(tgt.eq(task.tgt_dict.pad()).sum())
+        total["source"] += src.numel()
+        total["target"] += tgt.numel()
+    padding = {f"padding_{side}": pad[side] / total[side] for side in pad}
+    return len(batches), len(shapes), {"padding": sum(pad.values()) / sum(total.values()), **padding}
 
 
 def time_shares(prof, top=8):
@@ -128,6 +133,9 @@ def time_shares(prof, top=8):
             "top_ops": {e.key: round(e.self_cpu_time_total / total, 3) for e in ops[:top]}}
 
 
+REGION = "qknorm_region:"
+
+
 def regioned(name, fn):
     def wrapped(*args, **kwargs):
         with torch.profiler.record_function(REGION + name):
@@ -135,14 +143,11 @@ def regioned(name, fn):
     return wrapped
 
 
-REGION = "qknorm_region:"
-
-
 def op_families(events, wall_ms):
     """{family: ms} of a profiled update (EVENTS: torch.profiler's events) whose wall time was
     WALL_MS; the families add up to it."""
     by_name = {n: family for family, names in FAMILIES.items() for n in names}
-    ms = dict.fromkeys([*FAMILIES, ELEMENTWISE, "optimizer and clip"], 0.0)
+    ms = dict.fromkeys([*FAMILIES, ELEMENTWISE, OPTIMIZER], 0.0)
 
     def region(e):
         while e is not None:
@@ -211,7 +216,7 @@ def watch(trainer_cls, update, out):
         record = {"update": update, "ops": ops, "ops_by_name": by_name,
                   "syncs": sum(s["kind"] == "sync" for s in counter.syncs),
                   "h2d": sum(s["kind"] == "h2d" for s in counter.syncs), "sync_sites": counter.syncs,
-                  "batches_per_epoch": batches, "shapes_per_epoch": shapes, "padding": padding,
+                  "batches_per_epoch": batches, "shapes_per_epoch": shapes, **padding,
                   "logging_update": update % self.cfg.common.log_interval == 0, **timed}
         with open(out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)

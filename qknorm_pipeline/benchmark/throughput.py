@@ -96,7 +96,7 @@ def profile_one(cmd, env, scratch):
     rec = read_json(out, "a step_profile run wrote it incompletely; run the benchmark again")
     os.remove(out)
     return {k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
-                                "padding", "update_ms", "op_ms", "top_ops", "op_families")}
+                                "padding", "padding_source", "padding_target", "update_ms", "op_ms", "top_ops", "op_families")}
 
 
 def time_one(cmd, env, warmup, updates):
@@ -194,8 +194,8 @@ def table(speeds, profiles, reps, epochs):
     head = f"| system | precision | updates/s (median of {reps}) | vs stock | vs fp32 | updates/s by epoch |"
     rule = "|---|---|---|---|---|---|"
     if profiles:
-        head += (" ATen ops per update (fwd / bwd / clip / step / other) | syncs per update | shapes per epoch | padding |"
-                 " matrix products: ms (share of the update) | update / matrix products |")
+        head += (" ATen ops per update (fwd / bwd / clip / step / other) | syncs per update | shapes per epoch |"
+                 " padding (source / target) | matrix products: ms (share of the update) | update / matrix products |")
         rule += "---|---|---|---|---|---|"
     lines = [head, rule]
     for (s, p), v in med.items():
@@ -208,7 +208,7 @@ def table(speeds, profiles, reps, epochs):
             o = r["ops"]
             phases = " / ".join(str(o.get(k, 0)) for k in ("forward", "backward", "clip", "step", "other"))
             row += (f" {o['total']} ({phases}) | {r['syncs']} | {r['shapes_per_epoch']} of {r['batches_per_epoch']} "
-                    f"batches | {r['padding']:.1%} | {matmul_share(r)} |")
+                    f"batches | {r['padding']:.1%} ({r['padding_source']:.1%} / {r['padding_target']:.1%}) | {matmul_share(r)} |")
         lines.append(row)
     return "\n".join(lines)
 

@@ -31,6 +31,9 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
         assert r["ops"]["total"] == sum(r["ops"][k] for k in ("forward", "backward", "clip", "step", "other"))
         assert r["machine"] == machine() and r["op_families"]["matrix products"] > 0
         assert sum(r["op_families"].values()) == pytest.approx(r["update_ms"], abs=1)
+        # the padding of both sides together lies between each side's
+        sides = sorted((r["padding_source"], r["padding_target"]))
+        assert sides[0] <= r["padding"] <= sides[1] and sides[1] > 0
     ours, fast, stock = recs
     # the same data batched by fairseq for ours and stock, by length buckets for the fast row
     epoch = ("batches_per_epoch", "shapes_per_epoch", "padding")
