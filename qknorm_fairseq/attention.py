@@ -157,6 +157,28 @@ class NormAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return out, weights
 
+    def forward_rows(self, x, rows, key=None, key_padding_mask=None, attn_mask=None):
+        """Training attention of queries given as rows X (N, embed) of a (bsz, len) grid (decoder_rows.Rows),
+        through out_proj: (N, embed). Self-attention takes its keys and values from the same rows, scattered
+        into zeros at the pads (masked keys); encoder-decoder attention from KEY (src_len, bsz, embed)."""
+        def heads(y):
+            return y.view(-1, self.num_heads, self.head_dim)
+
+        def grid(y):  # (N, heads, head_dim) -> (bsz, heads, len, head_dim)
+            return rows.grid(y).transpose(1, 2)
+
+        q = heads(self.q_proj(x))
+        if self.self_attention:
+            k, v = heads(self.k_proj(x)), heads(self.v_proj(x))
+            k, v = grid(lp_normalize(k, self.p) if self.scores == "qknorm" else k), grid(v)
+        else:
+            k, v, key_padding_mask = self.source_keys(key, key, key_padding_mask, rows.bsz)
+        q = grid(lp_normalize(q, self.p) if self.scores == "qknorm" else q)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.bool()
+        out = self._fused(q, k, v, key_padding_mask, attn_mask)  # the decoder's attention is a softmax
+        return self.out_proj(rows.take(out.transpose(1, 2)).view(-1, self.embed_dim))
+
     def query_heads(self, query, bsz):
         """The projected queries, (bsz, heads, len, head_dim); QKNorm: normalised."""
         q = self._heads(self.q_proj(query), bsz)

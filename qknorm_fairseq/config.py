@@ -70,6 +70,11 @@ class QKNormConfig(FairseqDataclass):
         default="sdpa", metadata={"help": "softmax attention through torch's scaled_dot_product_attention (sdpa: "
                                           "fused kernels) or as matmul, softmax, matmul (on a CPU in bf16 0.17x sdpa's "
                                           "time, forward and backward: benchmark.sh kernels; another rounding)"})
+    packed_decoder: bool = field(
+        default=False, metadata={"help": "in training, the decoder computes its target's tokens only, not the "
+                                         "padding: embeddings, norms, projections, feed-forward layers and output "
+                                         "layer on one row per token, only the attention cores padded (the same "
+                                         "loss and gradient up to rounding; qknorm_fairseq/decoder_rows.py)"})
     positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "

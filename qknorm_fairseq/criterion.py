@@ -148,6 +148,9 @@ class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterio
         self.uniform = label_smoothing_form == "uniform"
 
     def compute_loss(self, model, net_output, sample, reduce=True):
+        if self.ignore_prefix_size and "packed_rows" in net_output[1]:
+            raise ValueError("--packed-decoder returns no (sentence, position) grid for --ignore-prefix-size to cut: "
+                             "drop one of them")
         decoder = getattr(model, "decoder", None)
         ours = getattr(decoder, "mask_output", None) is not None
         # our decoder: its mask (or none) says which log-probabilities are -inf, so no isfinite over

@@ -26,7 +26,8 @@ import torch
 from fairseq.sequence_generator import EnsembleModel
 
 from .attention import lp_normalize
-from .model import QKDecoderLayer
+from .decoder_rows import layer_rows
+from .model import QKDecoder, rows_problem
 
 KEY = "qknorm_decoder_cache"  # the cache's entry in the search's incremental state and encoder output
 FIRST_POSITIONS = 32  # the buffer's first length; it doubles when a hypothesis outgrows it
@@ -35,18 +36,9 @@ FIRST_POSITIONS = 32  # the buffer's first length; it doubles when a hypothesis 
 def unsupported(model):
     """Why DecoderCache cannot run MODEL's decoder (None if it can)."""
     decoder = getattr(model, "decoder", None)
-    layers = list(getattr(decoder, "layers", []))
-    if not layers or not all(isinstance(layer, QKDecoderLayer) for layer in layers):
+    if not isinstance(decoder, QKDecoder):
         return f"{type(model).__name__} is not a qknorm_transformer model (its decoder layers are fairseq's own)"
-    for layer in layers:
-        extras = [name for name in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")
-                  if getattr(layer, name, None) is not None]
-        if extras or layer.cross_self_attention:
-            return f"its decoder layers use fairseq's {', '.join(extras) or 'cross_self_attention'}"
-    for name in ("adaptive_softmax", "quant_noise", "project_in_dim", "project_out_dim"):
-        if getattr(decoder, name, None) is not None:
-            return f"its decoder has fairseq's {name}"
-    return None
+    return rows_problem(decoder)
 
 
 def _transposed(*linears):
@@ -183,10 +175,14 @@ class DecoderCache:
 
     def _layer(self, c, x, t):
         # fairseq's TransformerDecoderLayerBase.forward for one step
-        layer, attn, rows = c.layer, c.attn, self.rows
-        residual = x
-        if layer.normalize_before:
-            x = layer.self_attn_layer_norm(x)
+        layer, ffn = c.layer, c.ffn
+        return layer_rows(layer, x, lambda h: self._self(c, h, t), None if c.cross is None else lambda h: self._cross(c, h),
+                          lambda h: _linear(layer.activation_dropout_module(layer.activation_fn(_linear(h, *ffn[0]))),
+                                            *ffn[1]))
+
+    def _self(self, c, x, t):
+        """Self-attention of one step through out_proj, the new keys and values written to the cache."""
+        attn, rows = c.attn, self.rows
         qkv = _linear(x, *c.qkv).view(rows, 3, self.heads, self.head_dim)
         if attn.scores == "qknorm":  # q and k normalised in place (NormAttention caches normalised keys)
             # pow's vector lanes follow a tensor's shape, so for p != 2 q and k apart, as NormAttention does
@@ -195,24 +191,7 @@ class DecoderCache:
         c.kv.select(3, t).copy_(qkv.narrow(1, 1, 2))
         x = attn._fused(qkv.select(1, 0).unsqueeze(2), c.keys.narrow(2, 0, t + 1), c.values.narrow(2, 0, t + 1),
                         None, None)
-        x = residual + layer.dropout_module(_linear(x.view(rows, -1), *c.out))
-        if not layer.normalize_before:
-            x = layer.self_attn_layer_norm(x)
-        if c.cross is not None:
-            residual = x
-            if layer.normalize_before:
-                x = layer.encoder_attn_layer_norm(x)
-            x = residual + layer.dropout_module(self._cross(c, x))
-            if not layer.normalize_before:
-                x = layer.encoder_attn_layer_norm(x)
-        residual = x
-        if layer.normalize_before:
-            x = layer.final_layer_norm(x)
-        x = _linear(layer.activation_dropout_module(layer.activation_fn(_linear(x, *c.ffn[0]))), *c.ffn[1])
-        x = residual + layer.dropout_module(x)
-        if not layer.normalize_before:
-            x = layer.final_layer_norm(x)
-        return x
+        return _linear(x.view(rows, -1), *c.out)
 
     def _cross(self, c, x):
         """Encoder-decoder attention of one step through out_proj, the beams of a sentence folded into

@@ -2,7 +2,8 @@
 
 Every behaviour is composed through fairseq's build hooks (build_embedding, build_encoder,
 build_decoder, build_*_layer, build_self_attention, build_encoder_attention,
-build_output_projection); no forward pass of fairseq is copied.
+build_output_projection). The one forward of fairseq restated is the decoder's, on rows of tokens,
+for --packed-decoder (decoder_rows.py).
 """
 import hashlib
 import logging
@@ -17,6 +18,7 @@ from torch import nn
 
 from . import config, data_stats, distributed
 from .attention import ATTENTIONS, NormAttention
+from .decoder_rows import decoder_rows, fairseq_extras, packed_targets
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .language_embedding import add_language_embedding
 from .norms import NORMS
@@ -178,6 +180,13 @@ class QKDecoderLayer(TransformerDecoderLayerBase):
                           kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True)
 
 
+def rows_problem(decoder):
+    """Why DECODER cannot run on rows of tokens (decoder_rows.py), None if it can."""
+    if not decoder.layers or not all(isinstance(layer, QKDecoderLayer) for layer in decoder.layers):
+        return "its decoder layers are not qknorm_transformer's (fairseq's own, or wrapped)"
+    return fairseq_extras(decoder)
+
+
 # --- encoder and decoder ------------------------------------------------------------------------
 
 class QKEncoder(TransformerEncoderBase):
@@ -227,6 +236,11 @@ class QKDecoder(TransformerDecoderBase):
             self.register_buffer("allowed_types", torch.ones(len(dictionary), dtype=torch.bool))
         # both original code bases: logits = h . W^T + b, b learned and zero-initialised
         self.output_bias = nn.Parameter(torch.zeros(len(dictionary))) if cfg.output_bias else None
+        self.packed = bool(cfg.packed_decoder)
+        if self.packed:
+            problem = rows_problem(self) or (cfg.checkpoint_activations and "--checkpoint-activations wraps its layers")
+            if problem:
+                raise ValueError(f"--packed-decoder cannot run this decoder: {problem}; drop --packed-decoder")
 
     @property
     def cross_self_attention(self):
@@ -344,4 +358,9 @@ class QKTransformerModel(TransformerModel):
         if self.training and self.word_dropout > 0:
             src_tokens, prev_output_tokens = self.drop_words(src_tokens), self.drop_words(prev_output_tokens)
         with shared_fixnorm(self.encoder.embed_tokens, self.decoder.embed_tokens):
+            if self.training and self.decoder.packed and not kwargs:
+                return decoder_rows(self.decoder, prev_output_tokens, self.encoder(src_tokens, src_lengths=src_lengths))
             return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+
+    def get_targets(self, sample, net_output):
+        return packed_targets(super().get_targets(sample, net_output), net_output)

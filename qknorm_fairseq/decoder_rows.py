@@ -1,0 +1,102 @@
+"""The decoder on rows of tokens, (N, C) hidden states: `--packed-decoder` in training, and the
+shape of a decoder layer that beam search's cached step (decoder_cache.py) shares.
+
+fairseq pads every batch's targets to its longest one, and its batches are sorted by source length,
+so on TED gl->en 38.7% of an epoch's target positions are pads; the decoder's position-wise work
+(embeddings, norms, the attention projections, the feed-forward layers, the output layer and the loss
+over the vocabulary) is most of an update. With --packed-decoder the decoder keeps one row per
+target token; only the attention cores see the (batch, length) grid, the rows scattered into zeros
+there and gathered back. The model returns the logits of those rows, (N, V), and get_targets the
+targets of the same rows, so every criterion that flattens logits and targets (fairseq's too)
+computes the same loss up to rounding: a token's output depends on no pad (pads are masked keys and
+come after a sentence's end). Dropout draws masks of another shape, so a run is not the bit-for-bit
+twin of one without the flag. On a GPU the rows' index costs one host-device sync per forward.
+"""
+# fairseq decoder features that the row forward does not implement
+LAYER_EXTRAS = ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")
+DECODER_EXTRAS = ("adaptive_softmax", "quant_noise", "project_in_dim", "project_out_dim")
+
+
+def fairseq_extras(decoder):
+    """Why DECODER's layers cannot run on rows (None if they can); its layers are qknorm's."""
+    for layer in decoder.layers:
+        extras = [name for name in LAYER_EXTRAS if getattr(layer, name, None) is not None]
+        if extras or layer.cross_self_attention:
+            return f"its decoder layers use fairseq's {', '.join(extras) or 'cross_self_attention'}"
+    for name in DECODER_EXTRAS:
+        if getattr(decoder, name, None) is not None:
+            return f"its decoder has fairseq's {name}"
+    return None
+
+
+class Rows:
+    """The non-pad positions of a (batch, length) grid of tokens, as indices into its flat grid."""
+
+    def __init__(self, tokens, pad):
+        self.bsz, self.length = tokens.shape
+        self.index = tokens.ne(pad).view(-1).nonzero().squeeze(1)
+
+    def take(self, x):
+        """(batch, length, ...) -> (N, ...)"""
+        return x.reshape(self.bsz * self.length, *x.shape[2:]).index_select(0, self.index)
+
+    def grid(self, x):
+        """(N, ...) -> (batch, length, ...), zeros at the pads"""
+        full = x.new_zeros(self.bsz * self.length, *x.shape[1:]).index_copy(0, self.index, x)
+        return full.view(self.bsz, self.length, *x.shape[1:])
+
+
+def layer_rows(layer, x, self_attention, cross_attention, feed_forward):
+    """fairseq's TransformerDecoderLayerBase.forward on rows X (N, C), each sublayer given as a
+    function of its (pre-)normalised input; CROSS_ATTENTION None: the layer has none."""
+    sublayers = ((layer.self_attn_layer_norm, self_attention), (layer.encoder_attn_layer_norm, cross_attention),
+                 (layer.final_layer_norm, feed_forward))
+    for norm, sublayer in sublayers:
+        if sublayer is None:
+            continue
+        residual = x
+        if layer.normalize_before:
+            x = norm(x)
+        x = residual + layer.dropout_module(sublayer(x))
+        if not layer.normalize_before:
+            x = norm(x)
+    return x
+
+
+def feed_forward(layer, x):
+    return layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(x))))
+
+
+def decoder_rows(decoder, prev_output_tokens, encoder_out):
+    """DECODER's teacher-forced forward on the target's tokens only: (logits (N, V), extra), with
+    extra["packed_rows"] the rows' index into the flat (batch, length) grid."""
+    rows = Rows(prev_output_tokens, decoder.padding_idx)
+    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
+    if decoder.embed_positions is not None:
+        x = x + decoder.embed_positions(prev_output_tokens)
+    x = rows.take(x)
+    if decoder.layernorm_embedding is not None:
+        x = decoder.layernorm_embedding(x)
+    x = decoder.dropout_module(x)
+    source = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
+    source_pad = encoder_out["encoder_padding_mask"][0] if encoder_out and encoder_out["encoder_padding_mask"] else None
+    target_pad = prev_output_tokens.eq(decoder.padding_idx)
+    future = decoder.buffered_future_mask(x.new_empty(rows.length))
+    for layer in decoder.layers:
+        cross = None
+        if layer.encoder_attn is not None and source is not None:
+            def cross(h, attn=layer.encoder_attn):
+                return attn.forward_rows(h, rows, key=source, key_padding_mask=source_pad)
+        x = layer_rows(layer, x,
+                       lambda h, attn=layer.self_attn: attn.forward_rows(h, rows, key_padding_mask=target_pad,
+                                                                         attn_mask=future),
+                       cross, lambda h, layer=layer: feed_forward(layer, h))
+    if decoder.layer_norm is not None:
+        x = decoder.layer_norm(x)
+    return decoder.output_layer(x), {"attn": [None], "inner_states": [x], "packed_rows": rows.index}
+
+
+def packed_targets(target, net_output):
+    """The criterion's targets: TARGET (batch, length), or its rows when the decoder ran on rows."""
+    index = net_output[1].get("packed_rows") if len(net_output) > 1 and isinstance(net_output[1], dict) else None
+    return target if index is None else target.reshape(-1).index_select(0, index)

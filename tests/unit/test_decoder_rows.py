@@ -1,0 +1,96 @@
+"""--packed-decoder: the decoder's training forward on the target's tokens only (qknorm_fairseq/decoder_rows.py)
+gives the padded decoder's loss and gradients, for every kind of decoder layer."""
+import pytest
+import torch
+
+from qknorm_fairseq.criterion import MaskedLabelSmoothedCrossEntropyCriterion
+from qknorm_fairseq.decoder_rows import Rows
+
+from helpers import build
+
+NO_DROPOUT = ["--task", "translation_qk", "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+              "--word-dropout", "0", "--decoder-layers", "2"]
+# softmax over dot products, QKNorm (p = 2), Lp-QKNorm (p = 4); pre- and post-norm; LayerNorm, ScaleNorm,
+# RMSNorm; FixNorm's tied output layer; HNAS in the encoder; the matmul kernel, output bias and vocabulary mask
+CASES = [("transformer_qknorm",), ("transformer_lpqknorm",), ("transformer_postnorm",), ("transformer_prenorm",),
+         ("transformer_scalenorm",), ("transformer_rmsnorm",), ("transformer_fixnorm",),
+         ("transformer_hnas",),
+         ("transformer_qknorm", "--attention-kernel", "matmul", "--output-bias", "--target-vocab-mask")]
+
+
+def _sample(task, n=11):
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    return ds.collater([ds[i] for i in range(n)])
+
+
+class Backward:
+    def backward(self, loss):
+        loss.backward()
+
+
+def _loss_and_grads(model, task, criterion, sample, packed):
+    model.decoder.packed = packed
+    model.zero_grad()
+    loss, size, log = task.train_step(sample, model, criterion, Backward(), update_num=0)
+    return loss.item(), float(log["nll_loss"]), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-loss", "log-softmax"])
+@pytest.mark.parametrize("case", CASES, ids=" ".join)
+def test_the_packed_decoder_gives_the_padded_decoders_loss_and_gradients(tiny_data, case, fused):
+    model, task = build(tiny_data / "bin", *case, *NO_DROPOUT, "--packed-decoder")
+    model.train()
+    criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
+                                                         fused_loss=fused)
+    sample = _sample(task)
+    pad = task.tgt_dict.pad()
+    assert sample["target"].eq(pad).any(), "the batch must hold padding for the test to mean anything"
+    padded, packed = (_loss_and_grads(model, task, criterion, sample, p) for p in (False, True))
+    assert packed[0] == pytest.approx(padded[0], rel=1e-5)
+    assert packed[1] == pytest.approx(padded[1], rel=1e-5)
+    assert packed[2].keys() == padded[2].keys()
+    # atol on the largest gradient's scale: some gradients are zero but for rounding (softmax ignores
+    # the key projection's bias)
+    scale = max(g.abs().max().item() for g in padded[2].values())
+    assert scale > 0
+    for name, g in padded[2].items():
+        assert torch.allclose(packed[2][name], g, rtol=1e-4, atol=1e-6 * scale), name
+
+
+def test_the_packed_decoder_computes_one_row_per_target_token_in_training_only(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
+    sample = _sample(task)
+    tokens = int(sample["target"].ne(task.tgt_dict.pad()).sum())
+    model.train()
+    logits, extra = model(**sample["net_input"])
+    assert logits.shape == (tokens, len(task.tgt_dict)) and tokens < sample["target"].numel()
+    targets = model.get_targets(sample, (logits, extra))
+    assert torch.equal(targets, sample["target"][sample["target"].ne(task.tgt_dict.pad())])
+    model.eval()  # validation's loss and beam search: the padded decoder, fairseq's (batch, length, V) logits
+    logits, extra = model(**sample["net_input"])
+    assert logits.shape == (*sample["target"].shape, len(task.tgt_dict)) and "packed_rows" not in extra
+
+
+def test_rows_take_and_grid_are_inverse_on_the_tokens():
+    tokens = torch.tensor([[5, 6, 1, 1], [7, 8, 9, 1]])
+    rows = Rows(tokens, pad=1)
+    assert rows.index.tolist() == [0, 1, 4, 5, 6]
+    x = torch.arange(8.0).view(2, 4, 1)
+    assert rows.take(x).view(-1).tolist() == [0, 1, 4, 5, 6]
+    assert rows.grid(rows.take(x)).view(2, 4).tolist() == [[0, 1, 0, 0], [4, 5, 6, 0]]
+
+
+def test_what_the_packed_decoder_cannot_run_is_refused(tiny_data):
+    with pytest.raises(ValueError, match="--packed-decoder cannot run this decoder: --checkpoint-activations wraps "
+                                         "its layers; drop --packed-decoder"):
+        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder", "--checkpoint-activations")
+    with pytest.raises(ValueError, match="--compile compiles each layer's forward, which --packed-decoder's "
+                                         "training forward does not call: drop one of them"):
+        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder", "--compile")
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
+    model.train()
+    criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
+                                                         ignore_prefix_size=1)
+    with pytest.raises(ValueError, match="--packed-decoder returns no .* --ignore-prefix-size"):
+        criterion(model, _sample(task))
