@@ -167,13 +167,11 @@ class NormAttention(MultiheadAttention):
         def grid(y):  # (N, heads, head_dim) -> (bsz, heads, len, head_dim)
             return rows.grid(y).transpose(1, 2)
 
-        q = heads(self.q_proj(x))
         if self.self_attention:
-            k, v = heads(self.k_proj(x)), heads(self.v_proj(x))
-            k, v = grid(lp_normalize(k, self.p) if self.scores == "qknorm" else k), grid(v)
+            k, v = grid(self._qknorm(heads(self.k_proj(x)))), grid(heads(self.v_proj(x)))
         else:
             k, v, key_padding_mask = self.source_keys(key, key, key_padding_mask, rows.bsz)
-        q = grid(lp_normalize(q, self.p) if self.scores == "qknorm" else q)
+        q = grid(self._qknorm(heads(self.q_proj(x))))
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.bool()
         out = self._fused(q, k, v, key_padding_mask, attn_mask)  # the decoder's attention is a softmax
@@ -181,15 +179,18 @@ class NormAttention(MultiheadAttention):
 
     def query_heads(self, query, bsz):
         """The projected queries, (bsz, heads, len, head_dim); QKNorm: normalised."""
-        q = self._heads(self.q_proj(query), bsz)
-        return lp_normalize(q, self.p) if self.scores == "qknorm" else q
+        return self._qknorm(self._heads(self.q_proj(query), bsz))
 
     def key_value_heads(self, key, value, kv_bsz):
         """The projected keys and values, (kv_bsz, heads, len, head_dim) each; QKNorm's keys
         normalised before any caching: incremental decoding then normalises each key once, not every
         cached key (and the whole source, in cross-attention) again at every step."""
         k, v = self._heads(self.k_proj(key), kv_bsz), self._heads(self.v_proj(value), kv_bsz)
-        return (lp_normalize(k, self.p) if self.scores == "qknorm" else k), v
+        return self._qknorm(k), v
+
+    def _qknorm(self, x):
+        """QKNorm's l_p normalisation of queries or keys (per head); other scores: x as it is."""
+        return lp_normalize(x, self.p) if self.scores == "qknorm" else x
 
     def source_keys(self, key, value, key_padding_mask, bsz):
         """Encoder-decoder attention's keys, values and key padding mask for a batch of bsz queries. In

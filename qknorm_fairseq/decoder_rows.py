@@ -10,7 +10,9 @@ there and gathered back. The model returns the logits of those rows, (N, V), and
 targets of the same rows, so every criterion that flattens logits and targets (fairseq's too)
 computes the same loss up to rounding: a token's output depends on no pad (pads are masked keys and
 come after a sentence's end). Dropout draws masks of another shape, so a run is not the bit-for-bit
-twin of one without the flag. On a GPU the rows' index costs one host-device sync per forward.
+twin of one without the flag. On a GPU the rows' index costs one host-device sync per forward. The
+decoder returns no attention weights (extra["attn"] is [None]): fairseq's decoder computes its last
+layer's cross-attention weights in training too, which no criterion of this plugin reads.
 """
 # fairseq decoder features that the row forward does not implement
 LAYER_EXTRAS = ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")

@@ -2,8 +2,9 @@
 
 Every behaviour is composed through fairseq's build hooks (build_embedding, build_encoder,
 build_decoder, build_*_layer, build_self_attention, build_encoder_attention,
-build_output_projection). The one forward of fairseq restated is the decoder's, on rows of tokens,
-for --packed-decoder (decoder_rows.py).
+build_output_projection). Two forwards of fairseq are restated: the encoder's, without its per-layer
+host sync (QKEncoder.forward_scriptable), and the decoder's on rows of tokens for --packed-decoder
+(decoder_rows.py).
 """
 import hashlib
 import logging
