@@ -73,8 +73,10 @@ class QKNormConfig(FairseqDataclass):
     packed_decoder: bool = field(
         default=False, metadata={"help": "in training, the decoder computes its target's tokens only, not the "
                                          "padding: embeddings, norms, projections, feed-forward layers and output "
-                                         "layer on one row per token, only the attention cores padded (the same "
-                                         "loss and gradient up to rounding; qknorm_fairseq/decoder_rows.py)"})
+                                         "layer on one row per token, only the attention cores padded; with "
+                                         "--target-vocab-mask and masked_label_smoothed_cross_entropy the logits "
+                                         "and loss of the allowed types only (the same loss and gradient up to "
+                                         "rounding; qknorm_fairseq/decoder_rows.py)"})
     positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "

@@ -86,7 +86,8 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         forbidden = ~allowed if allowed is not None else None
         lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
         for b in _row_blocks(rows, types):
-            x = logits[b].to(acc, copy=True)
+            # a copy only to mask in place or to cast (a fresh block is page faults, not just a pass)
+            x = logits[b].to(acc, copy=forbidden is not None)
             torch.logsumexp(x, dim=-1, out=lse[b])
             tgt[b] = x.gather(-1, target[b, None]).squeeze(-1)
             if forbidden is not None:
@@ -154,8 +155,11 @@ class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterio
         decoder = getattr(model, "decoder", None)
         ours = getattr(decoder, "mask_output", None) is not None
         # our decoder: its mask (or none) says which log-probabilities are -inf, so no isfinite over
-        # all tokens x types is needed
-        allowed = decoder.allowed_types if ours and decoder.mask_output else None
+        # all tokens x types is needed; --packed-decoder's logits hold the allowed types only
+        # (N, V'), their targets columns, none of them padding
+        packed_types = isinstance(net_output[1], dict) and "packed_types" in net_output[1]
+        allowed = decoder.allowed_types if ours and decoder.mask_output and not packed_types else None
+        ignore = None if packed_types else self.padding_idx
         if self.fused_loss and reduce:
             if getattr(decoder, "adaptive_softmax", None) is not None:
                 raise ValueError("--fused-loss needs log-probabilities that are log_softmax(logits); "
@@ -163,9 +167,15 @@ class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterio
             logits, target = net_output[0], model.get_targets(sample, net_output)
             # allowed None: every type (a decoder that is not ours never masks its logits)
             return FusedLabelSmoothedNLL.apply(logits.view(-1, logits.size(-1)), target.view(-1), self.eps,
-                                               self.padding_idx, allowed, self.uniform)
+                                               ignore, allowed, self.uniform)
         lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
         if ours and allowed is None:
             allowed = torch.ones_like(lprobs[0], dtype=torch.bool)
-        return masked_label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce,
+        return masked_label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=ignore, reduce=reduce,
                                               allowed=allowed, uniform=self.uniform)
+
+    def compute_accuracy(self, model, net_output, sample):
+        if not (isinstance(net_output[1], dict) and "packed_types" in net_output[1]):
+            return super().compute_accuracy(model, net_output, sample)
+        lprobs, target = self.get_lprobs_and_target(model, net_output, sample)  # no padding among them
+        return lprobs.argmax(1).eq(target).sum(), torch.tensor(target.numel())

@@ -39,7 +39,9 @@ def uniform_int16(n, device=None):
 def keep_mask(shape, keep, dtype, device=None):
     """1 / KEEP with probability KEEP (to 1/65536), else 0, in DTYPE."""
     draws = uniform_int16(math.prod(shape), device).view(shape)
-    return (draws < round(keep * 65536) - 32768).to(dtype).mul_(1.0 / keep)
+    # the comparison written as 0 or 1 in DTYPE: one pass, where a bool mask cast to DTYPE takes two
+    mask = torch.lt(draws, round(keep * 65536) - 32768, out=torch.empty(shape, dtype=dtype, device=draws.device))
+    return mask.mul_(1.0 / keep)
 
 
 class _Dropout(torch.autograd.Function):

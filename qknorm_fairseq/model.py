@@ -238,6 +238,7 @@ class QKDecoder(TransformerDecoderBase):
         # both original code bases: logits = h . W^T + b, b learned and zero-initialised
         self.output_bias = nn.Parameter(torch.zeros(len(dictionary))) if cfg.output_bias else None
         self.packed = bool(cfg.packed_decoder)
+        self.allowed_only = False  # set by the model's build_model
         if self.packed:
             problem = rows_problem(self) or (cfg.checkpoint_activations and "--checkpoint-activations wraps its layers")
             if problem:
@@ -330,6 +331,10 @@ class QKTransformerModel(TransformerModel):
             distributed.same_on_all_ranks("the target vocabulary mask",
                                           hashlib.sha1(allowed.numpy().tobytes()).hexdigest())
             model.decoder.allowed_types.copy_(allowed)
+        # the packed decoder's logits of the allowed types only, with targets as their columns, which
+        # only this plugin's criterion reads (fairseq's would take column padding_idx for padding)
+        model.decoder.allowed_only = bool(args.packed_decoder and args.target_vocab_mask
+                                          and getattr(args, "criterion", None) == "masked_label_smoothed_cross_entropy")
         return model
 
     @classmethod

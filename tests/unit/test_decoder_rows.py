@@ -11,11 +11,13 @@ from helpers import build
 NO_DROPOUT = ["--task", "translation_qk", "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
               "--word-dropout", "0", "--decoder-layers", "2"]
 # softmax over dot products, QKNorm (p = 2), Lp-QKNorm (p = 4); pre- and post-norm; LayerNorm, ScaleNorm,
-# RMSNorm; FixNorm's tied output layer; HNAS in the encoder; the matmul kernel, output bias and vocabulary mask
+# RMSNorm; FixNorm's tied output layer; HNAS in the encoder; the matmul kernel, output bias and vocabulary mask;
+# the output layer over all types (every preset but the last masks the vocabulary: logits of the allowed types)
 CASES = [("transformer_qknorm",), ("transformer_lpqknorm",), ("transformer_postnorm",), ("transformer_prenorm",),
          ("transformer_scalenorm",), ("transformer_rmsnorm",), ("transformer_fixnorm",),
          ("transformer_hnas",),
-         ("transformer_qknorm", "--attention-kernel", "matmul", "--output-bias", "--target-vocab-mask")]
+         ("transformer_qknorm", "--attention-kernel", "matmul", "--output-bias", "--target-vocab-mask"),
+         ("transformer_qknorm", "--no-target-vocab-mask")]
 
 
 def _sample(task, n=11):
@@ -61,15 +63,58 @@ def test_the_packed_decoder_gives_the_padded_decoders_loss_and_gradients(tiny_da
 def test_the_packed_decoder_computes_one_row_per_target_token_in_training_only(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
     sample = _sample(task)
-    tokens = int(sample["target"].ne(task.tgt_dict.pad()).sum())
+    real = sample["target"].ne(task.tgt_dict.pad())
     model.train()
     logits, extra = model(**sample["net_input"])
-    assert logits.shape == (tokens, len(task.tgt_dict)) and tokens < sample["target"].numel()
+    # the allowed types' logits only, the targets as their columns
+    allowed = model.decoder.allowed_types
+    assert 0 < int(allowed.sum()) < len(allowed)
+    assert logits.shape == (int(real.sum()), int(allowed.sum())) and real.sum() < sample["target"].numel()
     targets = model.get_targets(sample, (logits, extra))
-    assert torch.equal(targets, sample["target"][sample["target"].ne(task.tgt_dict.pad())])
+    assert torch.equal(allowed.nonzero().squeeze(1)[targets], sample["target"][real])
     model.eval()  # validation's loss and beam search: the padded decoder, fairseq's (batch, length, V) logits
+    full, extra = model(**sample["net_input"])
+    assert full.shape == (*sample["target"].shape, len(task.tgt_dict)) and "packed_rows" not in extra
+    assert torch.isinf(full[..., ~allowed]).all()
+    # the same values as the allowed columns of the padded decoder's logits
+    model.train()
+    assert torch.allclose(logits, full[real][:, allowed], rtol=1e-5, atol=1e-5)
+
+
+def test_without_the_vocabulary_mask_the_packed_decoder_computes_every_types_logits(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder",
+                        "--no-target-vocab-mask")
+    sample = _sample(task)
+    real = sample["target"].ne(task.tgt_dict.pad())
+    model.train()
     logits, extra = model(**sample["net_input"])
-    assert logits.shape == (*sample["target"].shape, len(task.tgt_dict)) and "packed_rows" not in extra
+    assert logits.shape == (int(real.sum()), len(task.tgt_dict)) and "packed_types" not in extra
+    assert torch.equal(model.get_targets(sample, (logits, extra)), sample["target"][real])
+
+
+def test_the_packed_decoder_reports_the_padded_decoders_accuracy(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
+    model.train()
+    criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
+                                                         report_accuracy=True)
+    sample = _sample(task)
+    logs = []
+    for packed in (False, True):
+        model.decoder.packed = packed
+        logs.append(criterion(model, sample)[2])
+    assert logs[1]["total"] == logs[0]["total"] == int(sample["target"].ne(task.tgt_dict.pad()).sum())
+    assert logs[1]["n_correct"] == logs[0]["n_correct"] > 0
+
+
+def test_a_target_the_mask_forbids_is_refused_by_the_packed_decoder(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
+    sample = _sample(task)
+    model.train()
+    net_output = model(**sample["net_input"])
+    forbidden = int((~model.decoder.allowed_types).nonzero()[-1])
+    sample["target"][0, 0] = forbidden
+    with pytest.raises(ValueError, match="a training target is a type the decoder's target vocabulary mask forbids"):
+        model.get_targets(sample, net_output)
 
 
 def test_rows_take_and_grid_are_inverse_on_the_tokens():
