@@ -80,9 +80,11 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         rows, types = logits.shape
         acc = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for fp64 logits
         # in acc, never in the logits' dtype: bf16 would round 3172 types to 3168
-        n = allowed.sum().to(acc) if allowed is not None else torch.tensor(float(types), dtype=acc, device=logits.device)
+        # filled on the logits' device: no host-to-device copy
+        n = allowed.sum().to(acc) if allowed is not None else logits.new_full((), float(types), dtype=acc)
         gold, eps_i = smoothing_weights(epsilon, n, uniform)
-        gold = torch.as_tensor(gold, dtype=acc, device=logits.device)  # a float in the uniform form
+        if not torch.is_tensor(gold):  # a float in the uniform form
+            gold = logits.new_full((), gold, dtype=acc)
         forbidden = ~allowed if allowed is not None else None
         lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
         for b in _row_blocks(rows, types):

@@ -17,8 +17,11 @@ computes the logits of the types the decoder may generate only, (N, V'), and get
 targets to their columns (a criterion of fairseq's would read column padding_idx as padding):
 the other logits are -inf, which add nothing to the softmax, the loss or its gradient (on TED gl->en
 at the study's 3,000 BPE merges 826 of 3,176 types: 26% of the output layer and of the loss's passes
-over tokens x types). On a GPU the rows' index costs one host-device sync per forward, and the
-targets' check (each an allowed type) another. The decoder returns no attention weights
+over tokens x types). The training targets are allowed types by construction (the mask is made from
+them); a mask loaded from a checkpoint trained on other data is checked against them at the first
+forward, on every rank alike. Under autocast the learned bias is added in the products' precision
+(the padded decoder adds it in fp32): rounding only. On a GPU the rows' index costs one host-device
+sync per forward. The decoder returns no attention weights
 (extra["attn"] is [None]): fairseq's decoder computes its last layer's cross-attention weights in
 training too, which no criterion of this plugin reads.
 """
@@ -121,6 +124,12 @@ def allowed_types(decoder):
     mask = decoder.allowed_types
     key = (mask._version, mask.data_ptr(), mask.device)
     if getattr(decoder, "_allowed_cache", (None,))[0] != key:
+        # decoder.train_types: the mask the model's build made from the training targets
+        missing = int((decoder.train_types.to(mask.device) & ~mask).sum())
+        if missing:
+            raise ValueError(f"the target vocabulary mask (loaded from a checkpoint trained on other data) forbids "
+                             f"{missing} of the training targets' types, to which --packed-decoder gives no logits: "
+                             "drop --packed-decoder or --target-vocab-mask")
         types = mask.nonzero().squeeze(1)
         column = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
         column[types] = torch.arange(len(types), device=mask.device)
@@ -146,11 +155,5 @@ def packed_targets(target, net_output):
     if "packed_rows" not in extra:
         return target
     target = target.reshape(-1).index_select(0, extra["packed_rows"])
-    if "packed_types" not in extra:
-        return target
-    column = extra["packed_types"].index_select(0, target)
-    if bool((column < 0).any()):
-        raise ValueError("a training target is a type the decoder's target vocabulary mask forbids (a mask "
-                         "loaded from a checkpoint trained on other data): drop --packed-decoder or "
-                         "--target-vocab-mask")
-    return column
+    # every training target has a column (allowed_types checks the mask against them)
+    return extra["packed_types"].index_select(0, target) if "packed_types" in extra else target

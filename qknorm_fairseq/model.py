@@ -335,6 +335,8 @@ class QKTransformerModel(TransformerModel):
         # only this plugin's criterion reads (fairseq's would take column padding_idx for padding)
         model.decoder.allowed_only = bool(args.packed_decoder and args.target_vocab_mask
                                           and getattr(args, "criterion", None) == "masked_label_smoothed_cross_entropy")
+        if model.decoder.allowed_only:
+            model.decoder.train_types = allowed
         return model
 
     @classmethod

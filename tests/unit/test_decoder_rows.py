@@ -48,6 +48,11 @@ def test_the_packed_decoder_gives_the_padded_decoders_loss_and_gradients(tiny_da
     sample = _sample(task)
     pad = task.tgt_dict.pad()
     assert sample["target"].eq(pad).any(), "the batch must hold padding for the test to mean anything"
+    if model.decoder.output_bias is not None:  # zero-initialised: a wrong bias would show in no forward
+        with torch.no_grad():
+            model.decoder.output_bias.normal_()
+    # with the vocabulary mask, the logits of the allowed types only
+    assert ("packed_types" in model(**sample["net_input"])[1]) == model.decoder.mask_output
     padded, packed = (_loss_and_grads(model, task, criterion, sample, p) for p in (False, True))
     assert packed[0] == pytest.approx(padded[0], rel=1e-5)
     assert packed[1] == pytest.approx(padded[1], rel=1e-5)
@@ -72,6 +77,8 @@ def test_the_packed_decoder_computes_one_row_per_target_token_in_training_only(t
     assert logits.shape == (int(real.sum()), int(allowed.sum())) and real.sum() < sample["target"].numel()
     targets = model.get_targets(sample, (logits, extra))
     assert torch.equal(allowed.nonzero().squeeze(1)[targets], sample["target"][real])
+    # some target is column padding_idx, which the criterion must not take for padding
+    assert targets.eq(task.tgt_dict.pad()).any()
     model.eval()  # validation's loss and beam search: the padded decoder, fairseq's (batch, length, V) logits
     full, extra = model(**sample["net_input"])
     assert full.shape == (*sample["target"].shape, len(task.tgt_dict)) and "packed_rows" not in extra
@@ -106,15 +113,47 @@ def test_the_packed_decoder_reports_the_padded_decoders_accuracy(tiny_data):
     assert logs[1]["n_correct"] == logs[0]["n_correct"] > 0
 
 
-def test_a_target_the_mask_forbids_is_refused_by_the_packed_decoder(tiny_data):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-loss", "log-softmax"])
+def test_the_packed_decoder_gives_the_padded_decoders_loss_with_the_original_codes_smoothing(tiny_data, fused):
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
+    model.train()
+    criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
+                                                         fused_loss=fused, label_smoothing_form="uniform")
+    sample = _sample(task)
+    padded, packed = (_loss_and_grads(model, task, criterion, sample, p)[:2] for p in (False, True))
+    assert packed == pytest.approx(padded, rel=1e-5)
+
+
+def test_another_criterion_gets_every_types_logits(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder",
+                        "--criterion", "cross_entropy")
+    model.train()
+    logits, extra = model(**_sample(task)["net_input"])
+    assert not model.decoder.allowed_only and logits.size(-1) == len(task.tgt_dict) and "packed_types" not in extra
+
+
+def test_a_loaded_mask_is_checked_against_the_training_targets_and_its_columns_rebuilt(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
     sample = _sample(task)
     model.train()
-    net_output = model(**sample["net_input"])
-    forbidden = int((~model.decoder.allowed_types).nonzero()[-1])
-    sample["target"][0, 0] = forbidden
-    with pytest.raises(ValueError, match="a training target is a type the decoder's target vocabulary mask forbids"):
-        model.get_targets(sample, net_output)
+    allowed = model.decoder.allowed_types
+    n = int(allowed.sum())
+    assert model(**sample["net_input"])[0].size(-1) == n
+    # a checkpoint's mask that allows one more type: one more column
+    state = model.state_dict()
+    state["decoder.allowed_types"] = allowed.clone()
+    state["decoder.allowed_types"][int((~allowed).nonzero()[-1])] = True
+    model.load_state_dict(state)
+    logits, extra = model(**sample["net_input"])
+    assert logits.size(-1) == n + 1
+    assert torch.equal(model.decoder.allowed_types.nonzero().squeeze(1)[model.get_targets(sample, (logits, extra))],
+                       sample["target"][sample["target"].ne(task.tgt_dict.pad())])
+    # one that forbids a type of the training targets: refused before any loss
+    state["decoder.allowed_types"][int(sample["target"][0, 0])] = False
+    model.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"the target vocabulary mask \(loaded from a checkpoint trained on other "
+                                         r"data\) forbids 1 of the training targets' types, .*drop --packed-decoder"):
+        model(**sample["net_input"])
 
 
 def test_rows_take_and_grid_are_inverse_on_the_tokens():
