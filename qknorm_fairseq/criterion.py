@@ -22,6 +22,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.dataclass import ChoiceEnum
 
+from .decoder_rows import packed_extra
+
+NAME = "masked_label_smoothed_cross_entropy"
+
 # A reference token the mask forbids (possible only in valid/test data) costs this many nats
 # instead of inf, so validation losses stay finite.
 MASKED_TARGET_NLL = 100.0
@@ -140,7 +144,7 @@ class MaskedLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionCo
                 "code bases' form, 1 - eps + eps/N on the gold and eps/N on each other (N allowed types)"})
 
 
-@register_criterion("masked_label_smoothed_cross_entropy", dataclass=MaskedLabelSmoothedCrossEntropyConfig)
+@register_criterion(NAME, dataclass=MaskedLabelSmoothedCrossEntropyConfig)
 class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
                  fused_loss=False, label_smoothing_form="fairseq"):
@@ -151,15 +155,15 @@ class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterio
         self.uniform = label_smoothing_form == "uniform"
 
     def compute_loss(self, model, net_output, sample, reduce=True):
-        if self.ignore_prefix_size and "packed_rows" in net_output[1]:
+        if self.ignore_prefix_size and "packed_rows" in packed_extra(net_output):
             raise ValueError("--packed-decoder returns no (sentence, position) grid for --ignore-prefix-size to cut: "
                              "drop one of them")
         decoder = getattr(model, "decoder", None)
         ours = getattr(decoder, "mask_output", None) is not None
         # our decoder: its mask (or none) says which log-probabilities are -inf, so no isfinite over
-        # all tokens x types is needed; --packed-decoder's logits hold the allowed types only
-        # (N, V'), their targets columns, none of them padding
-        packed_types = isinstance(net_output[1], dict) and "packed_types" in net_output[1]
+        # all tokens x types is needed; --packed-decoder's logits may hold the allowed types only
+        # (N, V'), their targets then columns, none of them padding
+        packed_types = "packed_types" in packed_extra(net_output)
         allowed = decoder.allowed_types if ours and decoder.mask_output and not packed_types else None
         ignore = None if packed_types else self.padding_idx
         if self.fused_loss and reduce:
@@ -177,7 +181,7 @@ class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterio
                                               allowed=allowed, uniform=self.uniform)
 
     def compute_accuracy(self, model, net_output, sample):
-        if not (isinstance(net_output[1], dict) and "packed_types" in net_output[1]):
+        if "packed_types" not in packed_extra(net_output):
             return super().compute_accuracy(model, net_output, sample)
         lprobs, target = self.get_lprobs_and_target(model, net_output, sample)  # no padding among them
         return lprobs.argmax(1).eq(target).sum(), torch.tensor(target.numel())

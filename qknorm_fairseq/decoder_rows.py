@@ -148,10 +148,15 @@ def allowed_logits(decoder, x, types):
     return F.linear(x, weight.index_select(0, types), None if bias is None else bias.index_select(0, types))
 
 
+def packed_extra(net_output):
+    """The decoder's extra output (packed_rows, packed_types when the decoder ran on rows), or {}."""
+    return net_output[1] if len(net_output) > 1 and isinstance(net_output[1], dict) else {}
+
+
 def packed_targets(target, net_output):
     """The criterion's targets: TARGET (batch, length), or its rows when the decoder ran on rows, as
     columns of the allowed types when its logits hold those only."""
-    extra = net_output[1] if len(net_output) > 1 and isinstance(net_output[1], dict) else {}
+    extra = packed_extra(net_output)
     if "packed_rows" not in extra:
         return target
     target = target.reshape(-1).index_select(0, extra["packed_rows"])

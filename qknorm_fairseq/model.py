@@ -17,7 +17,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import nn
 
-from . import config, data_stats, distributed
+from . import config, criterion, data_stats, distributed
 from .attention import ATTENTIONS, NormAttention
 from .decoder_rows import decoder_rows, fairseq_extras, packed_targets
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
@@ -334,7 +334,7 @@ class QKTransformerModel(TransformerModel):
         # the packed decoder's logits of the allowed types only, with targets as their columns, which
         # only this plugin's criterion reads (fairseq's would take column padding_idx for padding)
         model.decoder.allowed_only = bool(args.packed_decoder and args.target_vocab_mask
-                                          and getattr(args, "criterion", None) == "masked_label_smoothed_cross_entropy")
+                                          and getattr(args, "criterion", None) == criterion.NAME)
         if model.decoder.allowed_only:
             model.decoder.train_types = allowed
         return model

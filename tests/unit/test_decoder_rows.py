@@ -88,17 +88,6 @@ def test_the_packed_decoder_computes_one_row_per_target_token_in_training_only(t
     assert torch.allclose(logits, full[real][:, allowed], rtol=1e-5, atol=1e-5)
 
 
-def test_without_the_vocabulary_mask_the_packed_decoder_computes_every_types_logits(tiny_data):
-    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder",
-                        "--no-target-vocab-mask")
-    sample = _sample(task)
-    real = sample["target"].ne(task.tgt_dict.pad())
-    model.train()
-    logits, extra = model(**sample["net_input"])
-    assert logits.shape == (int(real.sum()), len(task.tgt_dict)) and "packed_types" not in extra
-    assert torch.equal(model.get_targets(sample, (logits, extra)), sample["target"][real])
-
-
 def test_the_packed_decoder_reports_the_padded_decoders_accuracy(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
     model.train()
