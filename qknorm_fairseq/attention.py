@@ -157,25 +157,31 @@ class NormAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return out, weights
 
-    def forward_rows(self, x, rows, key=None, key_padding_mask=None, attn_mask=None):
-        """Training attention of queries given as rows X (N, embed) of a (bsz, len) grid (decoder_rows.Rows),
-        through out_proj: (N, embed). Self-attention takes its keys and values from the same rows, scattered
-        into zeros at the pads (masked keys); encoder-decoder attention from KEY (src_len, bsz, embed)."""
+    def forward_rows(self, x, rows, key=None, key_padding_masks=None, attn_mask=None):
+        """Training attention of queries given as rows X (N, embed) of a batch's sentences (decoder_rows.Rows),
+        through out_proj: (N, embed); the cores run per length group of ROWS, on its grid. Self-attention
+        takes its keys and values from the same rows, scattered into zeros at the pads (masked keys),
+        ATTN_MASK the future mask; encoder-decoder attention from KEY (src_len, bsz, embed), with
+        KEY_PADDING_MASKS the source's padding per group (Rows.split)."""
         def heads(y):
             return y.view(-1, self.num_heads, self.head_dim)
 
-        def grid(y):  # (N, heads, head_dim) -> (bsz, heads, len, head_dim)
-            return rows.grid(y).transpose(1, 2)
-
+        q = self._qknorm(heads(self.q_proj(x)))
         if self.self_attention:
-            k, v = grid(self._qknorm(heads(self.k_proj(x)))), grid(heads(self.v_proj(x)))
+            k, v = self._qknorm(heads(self.k_proj(x))), heads(self.v_proj(x))
         else:
-            k, v, key_padding_mask = self.source_keys(key, key, key_padding_mask, rows.bsz)
-        q = grid(self._qknorm(heads(self.q_proj(x))))
-        if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.bool()
-        out = self._fused(q, k, v, key_padding_mask, attn_mask)  # the decoder's attention is a softmax
-        return self.out_proj(rows.take(out.transpose(1, 2)).view(-1, self.embed_dim))
+            k, v, _ = self.source_keys(key, key, None, rows.bsz)
+            ks, vs = rows.split(k), rows.split(v)
+        outs = []
+        for i, group in enumerate(rows.groups):
+            if self.self_attention:
+                mask = None if attn_mask is None else attn_mask[:group.length, :group.length]
+                out = self._fused(group.grid(q), group.grid(k), group.grid(v), group.key_pad, mask)
+            else:
+                pad = key_padding_masks[i]
+                out = self._fused(group.grid(q), ks[i], vs[i], None if pad is None else pad.bool(), None)
+            outs.append(group.take(out))  # the decoder's attention is a softmax
+        return self.out_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
     def query_heads(self, query, bsz):
         """The projected queries, (bsz, heads, len, head_dim); QKNorm: normalised."""
@@ -258,9 +264,10 @@ class NormAttention(MultiheadAttention):
     # the last additive masks built, keyed by the mask tensors they were built from: every
     # encoder layer and every cross-attention receive the same source mask, every decoder
     # self-attention the same target masks, so each mask is built once per forward, not once per
-    # layer (a decoder layer alternates the two, hence two entries and a spare)
+    # layer (a decoder layer alternates the two, hence two entries and a spare; the packed decoder
+    # has two per length group: up to --packed-groups 3 each built once per forward)
     _mask_cache = []
-    _MASKS_KEPT = 3
+    _MASKS_KEPT = 7
 
     def _additive_mask(self, key_padding_mask, attn_mask, dtype):
         if torch.compiler.is_compiling():  # the cache's identity tests would cost a compiled layer a recompile

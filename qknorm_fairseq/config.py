@@ -77,6 +77,10 @@ class QKNormConfig(FairseqDataclass):
                                          "--target-vocab-mask and masked_label_smoothed_cross_entropy the logits "
                                          "and loss of the allowed types only (the same loss and gradient up to "
                                          "rounding; qknorm_fairseq/decoder_rows.py)"})
+    packed_groups: int = field(
+        default=3, metadata={"help": "with --packed-decoder, the attention cores of a batch run on the grids of at "
+                                     "most N (1, 2 or 3) groups of sentences of similar target length, each "
+                                     "trimmed to its longest sentence (1: one grid per batch)"})
     positions: ChoiceEnum(list(POSITIONS)) = field(
         default="fairseq", metadata={"help": "the fixed sinusoidal position table: fairseq's (sin half, cos half); "
                                              "twt: the TwT code's (sin on even, cos on odd dimensions); qknorm: the "

@@ -5,8 +5,11 @@ fairseq pads every batch's targets to its longest one, and its batches are sorte
 so on TED gl->en 38.7% of an epoch's target positions are pads; the decoder's position-wise work
 (embeddings, norms, the attention projections, the feed-forward layers, the output layer and the loss
 over the vocabulary) is most of an update. With --packed-decoder the decoder keeps one row per
-target token; only the attention cores see the (batch, length) grid, the rows scattered into zeros
-there and gathered back. The model returns the logits of those rows, (N, V), and get_targets the
+target token; only the attention cores see a (sentences, length) grid, the rows scattered into
+zeros there and gathered back: one grid per group of sentences of similar length (--packed-groups N,
+at most N of 1 to 3 a batch), each trimmed to its longest sentence, so that the self-attention's scores
+(sentences x length^2) are not those of the batch's longest target for every sentence
+(docs/performance.md). The model returns the logits of those rows, (N, V), and get_targets the
 targets of the same rows, so every criterion that flattens logits and targets (fairseq's too)
 computes the same loss up to rounding: a token's output depends on no pad (pads are masked keys and
 come after a sentence's end). Dropout draws masks of another shape, so a run is not the bit-for-bit
@@ -20,11 +23,12 @@ at the study's 3,000 BPE merges 826 of 3,176 types: 26% of the output layer and 
 over tokens x types). The training targets are allowed types by construction (the mask is made from
 them); a mask loaded from a checkpoint trained on other data is checked against them at the first
 forward, on every rank alike. Under autocast the learned bias is added in the products' precision
-(the padded decoder adds it in fp32): rounding only. On a GPU the rows' index costs one host-device
-sync per forward. The decoder returns no attention weights
-(extra["attn"] is [None]): fairseq's decoder computes its last layer's cross-attention weights in
+(the padded decoder adds it in fp32): rounding only. On a GPU reading the target lengths costs one
+host-device sync per forward (the groups are chosen on the host, their indices copied back). The
+decoder returns no attention weights (extra["attn"] is [None]): fairseq's decoder computes its last layer's cross-attention weights in
 training too, which no criterion of this plugin reads.
 """
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -45,21 +49,100 @@ def fairseq_extras(decoder):
     return None
 
 
-class Rows:
-    """The non-pad positions of a (batch, length) grid of tokens, as indices into its flat grid."""
+# another length group only where it cuts the attention's (sentences x length^2) area by this much:
+# each group costs every attention core's per-op overhead again
+MIN_GAIN = 0.15
 
-    def __init__(self, tokens, pad):
+
+def group_sizes(lengths, max_groups, min_gain=MIN_GAIN):
+    """The sizes of the at most MAX_GROUPS (1 to 3) groups that LENGTHS (sorted longest first) are cut
+    into: contiguous groups, each padded to its first (longest) length, with the least sum of size x
+    length^2; one more group only where it cuts that sum by MIN_GAIN."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    n = len(lengths)
+    area = lengths ** 2
+    # a cut is best where a new length starts (a cut inside a run of equal lengths pads more)
+    cuts = np.flatnonzero(np.diff(lengths)) + 1
+    sizes, cost = [n], n * area[0]
+    if max_groups >= 2 and len(cuts):
+        costs = cuts * area[0] + (n - cuts) * area[cuts]
+        k = int(costs.argmin())
+        if costs[k] <= (1 - min_gain) * cost:
+            sizes, cost = [int(cuts[k]), n - int(cuts[k])], costs[k]
+            if max_groups >= 3 and len(cuts) >= 2:
+                i, j = (cuts[c] for c in np.triu_indices(len(cuts), k=1))
+                costs = i * area[0] + (j - i) * area[i] + (n - j) * area[j]
+                k = int(costs.argmin())
+                if costs[k] <= (1 - min_gain) * cost:
+                    sizes = [int(i[k]), int(j[k] - i[k]), n - int(j[k])]
+    return sizes
+
+
+class Group:
+    """Sentences of a batch whose attention cores share one (sentences, length) grid: COUNT sentences
+    (SENTENCES their places in the batch; None: the whole batch in its order), rows START..END of the
+    packed rows, LOCAL their positions in the group's flat grid, KEY_PAD its pads (None: none)."""
+
+    def __init__(self, sentences, count, length, start, end, local, key_pad):
+        self.sentences, self.count, self.length, self.start, self.end = sentences, count, length, start, end
+        self.local, self.key_pad = local, key_pad
+
+    def grid(self, x):
+        """the group's rows of X (N, heads, head_dim) -> (count, heads, length, head_dim), zeros at the pads"""
+        rows = x[self.start:self.end]
+        full = rows.new_zeros(self.count * self.length, *rows.shape[1:]).index_copy(0, self.local, rows)
+        return full.view(self.count, self.length, *rows.shape[1:]).transpose(1, 2)
+
+    def take(self, x):
+        """(count, heads, length, head_dim) -> the group's rows (N_g, heads * head_dim)"""
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b * t, h * d).index_select(0, self.local)
+
+
+class Rows:
+    """The non-pad positions of a (batch, length) grid of tokens, one row each, sentence by sentence.
+    For the attention cores the sentences fall into length groups (group_sizes), each on a grid
+    trimmed to its longest sentence: on TED gl->en a batch's target lengths vary widely (its
+    sentences are sorted by source length), so one grid per batch is 42% padding and its
+    self-attention scores three times what the sentences need. With more than one group the rows go
+    group by group, longest sentences first. One host read of the lengths (a sync on a GPU)."""
+
+    def __init__(self, tokens, pad, max_groups):
         self.bsz, self.length = tokens.shape
-        self.index = tokens.ne(pad).view(-1).nonzero().squeeze(1)
+        real = tokens.ne(pad)
+        # a sentence's first token: targets may be left- or right-padded
+        lengths, starts = torch.stack([real.sum(1), real.to(torch.uint8).argmax(1)]).tolist()
+        sizes = group_sizes(sorted(lengths, reverse=True), max_groups, MIN_GAIN)
+        # one group keeps the batch's order; more take the longest sentences first
+        order = np.arange(self.bsz) if len(sizes) == 1 else np.argsort(-np.asarray(lengths), kind="stable")
+        lengths, starts = np.asarray(lengths)[order], np.asarray(starts)[order]
+        first_row = np.cumsum(lengths) - lengths  # each sentence's first row
+        sentence = np.repeat(np.arange(self.bsz), lengths)  # each row's sentence, its place in ORDER
+        position = np.arange(len(sentence)) - first_row[sentence]  # its position in that sentence
+        device = tokens.device
+        self.index = torch.from_numpy(order[sentence] * self.length + starts[sentence] + position).to(device)
+        self.groups = []
+        first = 0
+        for size in sizes:
+            last = first + size
+            length = int(lengths[first:last].max())  # the first but with one group (the batch in its order)
+            start, end = int(first_row[first]), int(first_row[last - 1] + lengths[last - 1])
+            local = (sentence[start:end] - first) * length + position[start:end]
+            pads = np.arange(length)[None, :] >= lengths[first:last, None]
+            self.groups.append(Group(
+                None if len(sizes) == 1 else torch.from_numpy(order[first:last]).to(device), size, length,
+                start, end, torch.from_numpy(local).to(device), torch.from_numpy(pads).to(device) if pads.any() else None))
+            first = last
 
     def take(self, x):
         """(batch, length, ...) -> (N, ...)"""
         return x.reshape(self.bsz * self.length, *x.shape[2:]).index_select(0, self.index)
 
-    def grid(self, x):
-        """(N, ...) -> (batch, length, ...), zeros at the pads"""
-        full = x.new_zeros(self.bsz * self.length, *x.shape[1:]).index_copy(0, self.index, x)
-        return full.view(self.bsz, self.length, *x.shape[1:])
+    def split(self, x):
+        """X (batch, ...) -> each group's sentences of it (X itself with one group)"""
+        if len(self.groups) == 1:
+            return [x]
+        return [x.index_select(0, group.sentences) for group in self.groups]
 
 
 def layer_rows(layer, x, self_attention, cross_attention, feed_forward):
@@ -88,7 +171,7 @@ def decoder_rows(decoder, prev_output_tokens, encoder_out):
     extra["packed_rows"] the rows' index into the flat (batch, length) grid; with the decoder's
     vocabulary mask the logits are (N, V') and extra["packed_types"] maps a type to its column
     (-1: a type the mask forbids)."""
-    rows = Rows(prev_output_tokens, decoder.padding_idx)
+    rows = Rows(prev_output_tokens, decoder.padding_idx, decoder.packed_groups)
     x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
     if decoder.embed_positions is not None:
         x = x + decoder.embed_positions(prev_output_tokens)
@@ -98,16 +181,15 @@ def decoder_rows(decoder, prev_output_tokens, encoder_out):
     x = decoder.dropout_module(x)
     source = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
     source_pad = encoder_out["encoder_padding_mask"][0] if encoder_out and encoder_out["encoder_padding_mask"] else None
-    target_pad = prev_output_tokens.eq(decoder.padding_idx)
+    # each group's source padding, the same tensors in every layer (the attention's mask cache)
+    source_pads = [None] * len(rows.groups) if source_pad is None else rows.split(source_pad)
     future = decoder.buffered_future_mask(x.new_empty(rows.length))
     for layer in decoder.layers:
         cross = None
         if layer.encoder_attn is not None and source is not None:
             def cross(h, attn=layer.encoder_attn):
-                return attn.forward_rows(h, rows, key=source, key_padding_mask=source_pad)
-        x = layer_rows(layer, x,
-                       lambda h, attn=layer.self_attn: attn.forward_rows(h, rows, key_padding_mask=target_pad,
-                                                                         attn_mask=future),
+                return attn.forward_rows(h, rows, key=source, key_padding_masks=source_pads)
+        x = layer_rows(layer, x, lambda h, attn=layer.self_attn: attn.forward_rows(h, rows, attn_mask=future),
                        cross, lambda h, layer=layer: feed_forward(layer, h))
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)

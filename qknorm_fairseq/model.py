@@ -43,6 +43,7 @@ def check_args(args):
     # not --qknorm-length: the recipes give every system the paper's L (--paper-qknorm-length)
     needs = {"scalenorm_fixed_g": (args.norm_type == "scalenorm", "--norm-type scalenorm"),
              "word_dropout_specials": (args.word_dropout > 0, "--word-dropout P (P > 0)"),
+             "packed_groups": (args.packed_decoder, "--packed-decoder"),
              **{name: (uses_qknorm, qknorm) for name in ("qknorm_p", "qknorm_g0", "qknorm_percentile")}}
     for name, (used, what) in needs.items():
         if not used and getattr(args, name) != config.DEFAULTS[name]:
@@ -51,6 +52,9 @@ def check_args(args):
         raise ValueError(f"--qknorm-p {args.qknorm_p}: the l_p 'norm' is not a norm for p < 1; use p >= 1")
     if not 0 < args.qknorm_percentile <= 100:
         raise ValueError(f"--qknorm-percentile {args.qknorm_percentile} must be in (0, 100]")
+    if args.packed_groups not in (1, 2, 3):
+        raise ValueError(f"--packed-groups {args.packed_groups}: the packed decoder's attention runs in 1, 2 or 3 "
+                         "groups a batch; use one of those")
     if not 0 <= args.word_dropout < 1:
         raise ValueError(f"--word-dropout {args.word_dropout} must be in [0, 1)")
     if args.fixnorm and not args.share_all_embeddings:
@@ -237,7 +241,7 @@ class QKDecoder(TransformerDecoderBase):
             self.register_buffer("allowed_types", torch.ones(len(dictionary), dtype=torch.bool))
         # both original code bases: logits = h . W^T + b, b learned and zero-initialised
         self.output_bias = nn.Parameter(torch.zeros(len(dictionary))) if cfg.output_bias else None
-        self.packed = bool(cfg.packed_decoder)
+        self.packed, self.packed_groups = bool(cfg.packed_decoder), cfg.packed_groups
         self.allowed_only = False  # set by the model's build_model
         if self.packed:
             problem = rows_problem(self) or (cfg.checkpoint_activations and "--checkpoint-activations wraps its layers")

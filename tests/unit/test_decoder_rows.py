@@ -1,10 +1,13 @@
 """--packed-decoder: the decoder's training forward on the target's tokens only (qknorm_fairseq/decoder_rows.py)
 gives the padded decoder's loss and gradients, for every kind of decoder layer."""
+import itertools
+
+import numpy as np
 import pytest
 import torch
 
 from qknorm_fairseq.criterion import MaskedLabelSmoothedCrossEntropyCriterion
-from qknorm_fairseq.decoder_rows import Rows
+from qknorm_fairseq.decoder_rows import Rows, group_sizes
 
 from helpers import build
 
@@ -145,13 +148,89 @@ def test_a_loaded_mask_is_checked_against_the_training_targets_and_its_columns_r
         model(**sample["net_input"])
 
 
-def test_rows_take_and_grid_are_inverse_on_the_tokens():
-    tokens = torch.tensor([[5, 6, 1, 1], [7, 8, 9, 1]])
-    rows = Rows(tokens, pad=1)
-    assert rows.index.tolist() == [0, 1, 4, 5, 6]
-    x = torch.arange(8.0).view(2, 4, 1)
-    assert rows.take(x).view(-1).tolist() == [0, 1, 4, 5, 6]
-    assert rows.grid(rows.take(x)).view(2, 4).tolist() == [[0, 1, 0, 0], [4, 5, 6, 0]]
+def _groups_cost(lengths, sizes):
+    first, cost = 0, 0
+    for size in sizes:
+        cost, first = cost + size * lengths[first] ** 2, first + size
+    return cost
+
+
+def _best_groups(lengths, max_groups, min_gain):
+    """group_sizes by exhaustive search: every cut of every group count, one more group kept only
+    where it cuts the cost by min_gain"""
+    n, best = len(lengths), [len(lengths)]
+    for count in range(2, max_groups + 1):
+        cuts = [list(c) for c in itertools.combinations(range(1, n), count - 1)]
+        if not cuts:
+            break
+        sizes = min(([b - a for a, b in zip([0] + c, c + [n])] for c in cuts), key=lambda s: _groups_cost(lengths, s))
+        if _groups_cost(lengths, sizes) > (1 - min_gain) * _groups_cost(lengths, best):
+            break
+        best = sizes
+    return best
+
+
+def test_group_sizes_have_the_least_padded_attention_area():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lengths = sorted(rng.integers(1, 30, rng.integers(1, 10)).tolist(), reverse=True)
+        for max_groups, min_gain in ((1, 0.0), (2, 0.0), (3, 0.0), (3, 0.15)):
+            sizes = group_sizes(lengths, max_groups, min_gain)
+            assert sum(sizes) == len(lengths) and len(sizes) <= max_groups
+            assert _groups_cost(lengths, sizes) == _groups_cost(lengths, _best_groups(lengths, max_groups, min_gain))
+    # equal lengths: one group; one long sentence among short ones: a group of its own
+    assert group_sizes([9, 9, 9], 3) == [3]
+    assert group_sizes([40, 5, 5, 5, 5], 3) == [1, 4]
+
+
+def test_rows_take_each_token_once_and_group_grids_put_them_back():
+    # right- and left-padded sentences (the last one) of very different lengths
+    tokens = torch.tensor([[5, 6, 1, 1, 1, 1, 1, 1], [7, 8, 9, 4, 4, 4, 4, 1], [3, 1, 1, 1, 1, 1, 1, 1],
+                           [1, 1, 1, 5, 6, 7, 8, 9]])
+    rows = Rows(tokens, pad=1, max_groups=3)
+    real = tokens.ne(1)
+    # every token once
+    assert sorted(rows.index.tolist()) == real.view(-1).nonzero().squeeze(1).tolist()
+    x = torch.arange(32.0).view(4, 8, 1) + 100 * real.view(4, 8, 1)
+    taken = rows.take(x)
+    assert taken.min() >= 100
+    # the groups, longest sentences first, each grid holding its sentences' tokens in order, pads after them
+    assert [(g.count, g.length) for g in rows.groups] == [(1, 7), (1, 5), (2, 2)]
+    sentences = [1, 3, 0, 2]
+    grids = [g.grid(taken.view(-1, 1, 1))[:, 0, :, 0] for g in rows.groups]
+    flat = [row[:n].tolist() for grid in grids for row in grid for n in [int((row != 0).sum())]]
+    assert flat == [x[b][real[b]].view(-1).tolist() for b in sentences]
+    assert all(bool(row[n:].eq(0).all()) for grid in grids for row in grid for n in [int((row != 0).sum())])
+    assert rows.groups[2].key_pad.tolist() == [[False, False], [False, True]] and rows.groups[0].key_pad is None
+    assert [g.sentences.tolist() for g in rows.groups] == [[1], [3], [0, 2]]
+    # take is grid's inverse
+    for g, grid in zip(rows.groups, grids):
+        assert torch.equal(g.take(grid[:, None, :, None]).view(-1), taken[g.start:g.end].view(-1))
+    # one group: the batch's order, the batch's sentences
+    one = Rows(tokens, pad=1, max_groups=1)
+    assert one.index.tolist() == real.view(-1).nonzero().squeeze(1).tolist()
+    assert len(one.groups) == 1 and one.groups[0].sentences is None and one.split(tokens) == [tokens]
+    grid = one.groups[0].grid(one.take(x).view(-1, 1, 1))[:, 0, :, 0]
+    assert grid.shape == (4, 7)
+    assert [row[row != 0].tolist() for row in grid] == [x[b][real[b]].view(-1).tolist() for b in range(4)]
+
+
+def test_packed_groups_give_the_loss_and_gradients_of_one_grid(tiny_data):
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
+    model.train()
+    criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    sample = _sample(task)
+    assert model.decoder.packed_groups == 3  # the default
+    two, _ = build(tiny_data / "bin", "transformer_qknorm", "--packed-decoder", "--packed-groups", "2")
+    assert two.decoder.packed_groups == 2
+    assert len(Rows(sample["net_input"]["prev_output_tokens"], task.tgt_dict.pad(), 3).groups) > 1
+    grouped = _loss_and_grads(model, task, criterion, sample, True)
+    model.decoder.packed_groups = 1
+    one = _loss_and_grads(model, task, criterion, sample, True)
+    assert grouped[:2] == pytest.approx(one[:2], rel=1e-5)
+    scale = max(g.abs().max().item() for g in one[2].values())
+    for name, g in one[2].items():
+        assert torch.allclose(grouped[2][name], g, rtol=1e-4, atol=1e-6 * scale), name
 
 
 def test_what_the_packed_decoder_cannot_run_is_refused(tiny_data):

@@ -250,6 +250,8 @@ def test_norm_types_and_placement(tiny_data):
     (["--cross-attention", "qknorm+hnas"], "future target tokens"),
     (["--encoder-attention", "qknorm", "--qknorm-p", "0.5"], "not a norm for p < 1"),
     (["--qknorm-length", "1"], "needs L > 1"),
+    (["--packed-decoder", "--packed-groups", "0"], "--packed-groups 0: the packed decoder's attention runs in 1, 2 or 3 groups"),
+    (["--packed-decoder", "--packed-groups", "4"], "--packed-groups 4: .* use one of those"),
 ])
 def test_invalid_combinations(tiny_data, flags, message):
     with pytest.raises(ValueError, match=message):
@@ -260,6 +262,7 @@ def test_invalid_combinations(tiny_data, flags, message):
     ("transformer_rmsnorm", ["--scalenorm-fixed-g"], "--scalenorm-fixed-g has no effect without --norm-type scalenorm"),
     ("transformer_prenorm", ["--qknorm-p", "3"], "--qknorm-p has no effect without a QKNorm attention"),
     ("transformer_hnas", ["--qknorm-g0", "5"], "--qknorm-g0 has no effect without a QKNorm attention"),
+    ("transformer_qknorm", ["--packed-groups", "2"], "--packed-groups has no effect without --packed-decoder"),
 ])
 def test_flags_without_effect_are_rejected(tiny_data, arch, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -46,8 +46,8 @@ def test_demo_table_is_compare_json():
 # on a CPU, the recipe's own on the GPU) and which stock fairseq's
 OURS = {"fused loss, numpy dropout draws": "qknorm:--fast-dropout --fused-loss",
         "Intel Xeon without AMX": "qknorm:--fast-dropout --fused-loss --attention-kernel matmul",
-        "length groups, 3 repetitions, AMD EPYC with AVX2 only":
-            "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --length-groups 3",
+        "packed decoder in length groups against one grid, 4 repetitions, AMD EPYC with AVX2 only":
+            "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder",
         "eager (before --compile), cuDNN attention off": "qknorm"}
 
 
