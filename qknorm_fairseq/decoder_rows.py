@@ -6,10 +6,10 @@ so on TED gl->en 38.7% of an epoch's target positions are pads; the decoder's po
 (embeddings, norms, the attention projections, the feed-forward layers, the output layer and the loss
 over the vocabulary) is most of an update. With --packed-decoder the decoder keeps one row per
 target token; only the attention cores see a (sentences, length) grid, the rows scattered into
-zeros there and gathered back: one grid per group of sentences of similar length (--packed-groups N,
-at most N of 1 to 3 a batch), each trimmed to its longest sentence, so that the self-attention's scores
-(sentences x length^2) are not those of the batch's longest target for every sentence
-(docs/performance.md). The model returns the logits of those rows, (N, V), and get_targets the
+zeros there and gathered back: one grid per group of sentences of similar length (at most
+--packed-groups N of 1 to 3 a batch), each trimmed to its longest sentence, so that the
+self-attention's scores (sentences x length^2) are not those of the batch's longest target for every
+sentence (docs/performance.md). The model returns the logits of those rows, (N, V), and get_targets the
 targets of the same rows, so every criterion that flattens logits and targets (fairseq's too)
 computes the same loss up to rounding: a token's output depends on no pad (pads are masked keys and
 come after a sentence's end). Dropout draws masks of another shape, so a run is not the bit-for-bit
@@ -25,8 +25,8 @@ them); a mask loaded from a checkpoint trained on other data is checked against 
 forward, on every rank alike. Under autocast the learned bias is added in the products' precision
 (the padded decoder adds it in fp32): rounding only. On a GPU reading the target lengths costs one
 host-device sync per forward (the groups are chosen on the host, their indices copied back). The
-decoder returns no attention weights (extra["attn"] is [None]): fairseq's decoder computes its last layer's cross-attention weights in
-training too, which no criterion of this plugin reads.
+decoder returns no attention weights (extra["attn"] is [None]): fairseq's decoder computes its last
+layer's cross-attention weights in training too, which no criterion of this plugin reads.
 """
 import numpy as np
 import torch
@@ -55,9 +55,9 @@ MIN_GAIN = 0.15
 
 
 def group_sizes(lengths, max_groups, min_gain=MIN_GAIN):
-    """The sizes of the at most MAX_GROUPS (1 to 3) groups that LENGTHS (sorted longest first) are cut
-    into: contiguous groups, each padded to its first (longest) length, with the least sum of size x
-    length^2; one more group only where it cuts that sum by MIN_GAIN."""
+    """The sizes of the groups (at most MAX_GROUPS, 1 to 3) that LENGTHS (sorted longest first) are
+    cut into: contiguous groups, each padded to its first (longest) length, with the least sum of
+    size x length^2; one more group only where it cuts that sum by MIN_GAIN."""
     lengths = np.asarray(lengths, dtype=np.float64)
     n = len(lengths)
     area = lengths ** 2
@@ -129,9 +129,9 @@ class Rows:
             start, end = int(first_row[first]), int(first_row[last - 1] + lengths[last - 1])
             local = (sentence[start:end] - first) * length + position[start:end]
             pads = np.arange(length)[None, :] >= lengths[first:last, None]
-            self.groups.append(Group(
-                None if len(sizes) == 1 else torch.from_numpy(order[first:last]).to(device), size, length,
-                start, end, torch.from_numpy(local).to(device), torch.from_numpy(pads).to(device) if pads.any() else None))
+            sentences = None if len(sizes) == 1 else torch.from_numpy(order[first:last]).to(device)
+            key_pad = torch.from_numpy(pads).to(device) if pads.any() else None
+            self.groups.append(Group(sentences, size, length, start, end, torch.from_numpy(local).to(device), key_pad))
             first = last
 
     def take(self, x):
