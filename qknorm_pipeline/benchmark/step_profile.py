@@ -22,7 +22,10 @@ whole (numpy's included), every other ATen op by its name, and "framework" for t
 time (Python, dispatch, the autograd engine, the profiler's own cost);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
-all tokens: source and target together, and each side alone: padding_source, padding_target). --plain runs fairseq's own Trainer (plain
+all tokens: source and target together, and each side alone: padding_source, padding_target); with
+--packed-decoder also the padding of its attention grids (padding_packed_grids: pads / positions of
+each batch's --packed-groups grids) and their self-attention scores (sentences x length^2) over one
+grid's per batch (packed_scores). --plain runs fairseq's own Trainer (plain
 fairseq-train); otherwise qknorm_pipeline.fairseq_train's, which here also trains --cpu
 --bf16 on a CPU without native bf16 (the counts do not depend on the instructions; the times do).
 """
@@ -104,14 +107,16 @@ def phased(counter, name, fn):
 
 
 def epoch_shapes(trainer):
-    """(batches, distinct shapes, {padding fraction: both sides, source, target}) of an epoch of the
-    training split."""
+    """(batches, distinct shapes, {padding fraction: both sides, source, target; with --packed-decoder
+    its grids' padding and scores}) of an epoch of the training split."""
     cfg, task = trainer.cfg, trainer.task
     ds = task.dataset(cfg.dataset.train_subset)
     indices, _ = ds.filter_indices_by_size(ds.ordered_indices(), trainer.get_model().max_positions())
     batches = ds.batch_by_size(indices, max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
                                required_batch_size_multiple=cfg.dataset.required_batch_size_multiple)
-    shapes, pad, total = set(), Counter(), Counter()
+    decoder = getattr(trainer.get_model(), "decoder", None)
+    packed = getattr(decoder, "packed", False)
+    shapes, pad, total, grids = set(), Counter(), Counter(), Counter()
     for batch in batches:
         sample = ds.collater([ds[int(i)] for i in batch])
         src, tgt = sample["net_input"]["src_tokens"], sample["target"]
@@ -120,7 +125,21 @@ def epoch_shapes(trainer):
         pad["target"] += int(tgt.eq(task.tgt_dict.pad()).sum())
         total["source"] += src.numel()
         total["target"] += tgt.numel()
+        if packed:
+            from qknorm_fairseq.decoder_rows import group_sizes
+
+            lengths = sorted(tgt.ne(task.tgt_dict.pad()).sum(1).tolist(), reverse=True)
+            first = 0
+            for size in group_sizes(lengths, decoder.packed_groups):
+                grids["positions"] += size * lengths[first]
+                grids["scores"] += size * lengths[first] ** 2
+                first += size
+            grids["tokens"] += sum(lengths)
+            grids["one grid's scores"] += len(lengths) * lengths[0] ** 2
     padding = {f"padding_{side}": pad[side] / total[side] for side in pad}
+    if packed:
+        padding["padding_packed_grids"] = 1 - grids["tokens"] / grids["positions"]
+        padding["packed_scores"] = grids["scores"] / grids["one grid's scores"]
     return len(batches), len(shapes), {"padding": sum(pad.values()) / sum(total.values()), **padding}
 
 

@@ -101,3 +101,22 @@ def test_step_profile_counts_a_bf16_update_on_any_cpu(tiny_data, tmp_path):
     profile = json.loads(out.read_text())
     assert profile["update"] == 4 and profile["syncs"] == 1
     assert profile["ops"]["step"] < 20 and profile["ops"]["clip"] < 20
+
+
+def test_step_profile_reports_the_packed_decoders_grids(tiny_data, tmp_path):
+    """With --packed-decoder: one grid per batch pads as the target side does and computes every
+    score of it; groups pad less and compute fewer."""
+    profiles = []
+    for groups in ("1", "3"):
+        out = tmp_path / f"profile{groups}.json"
+        args = train_args(str(tiny_data / "bin"), str(tmp_path / "ckpt"), "transformer_qknorm", "--task",
+                          "translation_qk", "--packed-decoder", "--packed-groups", groups, "--cpu", "--max-update", "3",
+                          "--disable-validation", "--no-save", "--log-interval", "100")
+        p = subprocess.run([sys.executable, "-m", "qknorm_pipeline.benchmark.step_profile", str(out), "--update", "2",
+                            "--", *args], capture_output=True, text=True, cwd=REPO)
+        assert p.returncode == 0, p.stderr[-3000:]
+        profiles.append(json.loads(out.read_text()))
+    one, grouped = profiles
+    assert one["padding_packed_grids"] == pytest.approx(one["padding_target"]) and one["packed_scores"] == 1
+    assert grouped["padding_target"] == one["padding_target"] > grouped["padding_packed_grids"]
+    assert grouped["packed_scores"] < 1
