@@ -26,9 +26,12 @@ validation, `--validate-interval-updates` ones included) hands the first validat
 The task's dictionaries turn token tensors into text from a list (qknorm_fairseq/dictionary.py):
 the same strings, without fairseq's ATen ops per token, in every validation and fairseq-generate.
 """
+import functools
 import logging
 from dataclasses import dataclass, field
+from unittest import mock
 
+import sacrebleu
 import torch
 from fairseq.dataclass import ChoiceEnum
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
@@ -224,7 +227,13 @@ class TranslationQKTask(TranslationTask):
     def _inference_with_bleu(self, generator, sample, model):
         # fairseq strips and copies each reference to the host on its own, two syncs a sentence on a
         # GPU; one copy of the batch's targets serves them all (twt_search's hypotheses are on the host).
-        return super()._inference_with_bleu(generator, {**sample, "target": sample["target"].cpu()}, model)
+        sample = {**sample, "target": sample["target"].cpu()}
+        if not self.cfg.eval_tokenized_bleu:
+            return super()._inference_with_bleu(generator, sample, model)
+        # --eval-tokenized-bleu scores tokenized text on purpose: sacrebleu's `force` stops its warning
+        # about a batch of 100 or more hypotheses ending in " ." (same score), printed every validation.
+        with mock.patch.object(sacrebleu, "corpus_bleu", functools.partial(sacrebleu.corpus_bleu, force=True)):
+            return super()._inference_with_bleu(generator, sample, model)
 
     def begin_valid_epoch(self, epoch, model):
         super().begin_valid_epoch(epoch, model)

@@ -197,6 +197,13 @@ class Cpu:
 
 
 @dataclass
+class Gpu:
+    # Beam search on a GPU is host-bound, about a fixed cost per decoder call, so validation's fewer,
+    # larger batches take less time; a CPU pays for their padding instead (docs/gpu.md, "Measuring validation").
+    max_tokens_valid: Optional[int] = ranged(None, at_least=1)  # fairseq's --max-tokens-valid on a GPU; None: --max-tokens
+
+
+@dataclass
 class Recipe:
     pair: str = ""
     src: str = ""
@@ -211,6 +218,7 @@ class Recipe:
     decode: Decode = field(default_factory=Decode)
     systems: Dict[str, System] = field(default_factory=dict)
     cpu: Cpu = field(default_factory=Cpu)
+    gpu: Gpu = field(default_factory=Gpu)
     stock: Stock = field(default_factory=Stock)
 
 

@@ -131,6 +131,8 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
     env = dict(os.environ)
     if opts.gpus or hardware.has_gpu():  # --gpus: a dry run on a machine without GPUs prints the GPU command
         args += [] if opts.precision == "fp32" else [f"--{opts.precision}"]
+        if cfg.gpu.max_tokens_valid:
+            args += ["--max-tokens-valid", str(cfg.gpu.max_tokens_valid)]
         device = f"{opts.gpus or 1} GPU(s) ({opts.precision})"
     else:
         env = recipes.cpu_env(cfg)
@@ -214,7 +216,7 @@ def settings(args):
             skip -= 1
         elif word in ("--cpu", "--distributed-no-spawn"):
             pass
-        elif word in ("--distributed-world-size", "--distributed-init-method", "--max-tokens"):
+        elif word in ("--distributed-world-size", "--distributed-init-method", "--max-tokens", "--max-tokens-valid"):
             skip = 1
         else:
             out.append(word)

@@ -18,7 +18,7 @@ PAPER_PAIRS = ["ar-en", "demo", "en-he", "en-vi", "gl-en", "sk-en"]
 PAIRS = sorted(recipes.available_pairs())
 SYSTEMS = ["postnorm", "prenorm", "fixnorm", "scalenorm", "rmsnorm", "qknorm", "lpqknorm", "dnas", "hnas"]
 SCHEDULES = ["valdecay", "nowarmup", "invsqrtdecay", "valdecay_2xlr", "invsqrtdecay_2xlr"]
-RECIPE_SECTIONS = ("model", "train", "schedules", "stopping", "decode", "systems", "cpu")
+RECIPE_SECTIONS = ("model", "train", "schedules", "stopping", "decode", "systems", "cpu", "gpu")
 
 
 def flag(args, name):
@@ -308,3 +308,20 @@ def test_the_recipes_import_nothing_above_them():
             "print(' '.join(m for m in sys.modules if m.startswith(('qknorm_pipeline.data', 'fairseq'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ""
+
+
+def test_a_gpu_run_validates_in_the_recipes_gpu_batches_a_cpu_run_in_its_training_batches(monkeypatch):
+    from qknorm_pipeline import train
+
+    def planned(gpu, extra=()):
+        monkeypatch.setattr(train.hardware, "has_gpu", lambda: gpu)
+        return train.plan("gl-en", "qknorm", train.Options(extra=list(extra)), check=False).fairseq_args
+
+    tokens = recipes.load("gl-en").gpu.max_tokens_valid
+    assert tokens == 32768
+    on_gpu = _parse(planned(True))
+    assert int(on_gpu.max_tokens_valid) == tokens and on_gpu.max_tokens == 4096
+    assert int(_parse(planned(False)).max_tokens_valid) == 4096  # fairseq's default: the training --max-tokens
+    assert int(_parse(planned(True, ["--max-tokens-valid", "8192"])).max_tokens_valid) == 8192  # the user's flag wins
+    # a run moves between the two: the validation batch size is the device's, like --cpu
+    assert train.settings(planned(True)) == train.settings(planned(False))

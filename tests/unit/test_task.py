@@ -88,6 +88,36 @@ def test_bleu_reads_the_batchs_targets_once_and_scores_as_fairseq():
     assert DeviceTarget.reads == ["__getitem__"] * len(words)
 
 
+def test_tokenized_bleu_scores_large_batches_without_sacrebleus_detokenize_warning(caplog):
+    from fairseq.tasks.translation import TranslationTask
+
+    from qknorm_fairseq.dictionary import ListStringDictionary
+
+    d = ListStringDictionary()
+    for w in "the cat sat on a mat .".split():
+        d.add_symbol(w)
+    task = TranslationQKTask(TranslationQKConfig(eval_tokenized_bleu=True), d, d)
+    task.tokenizer = None
+    rows = 120  # sacrebleu warns from 100 hypotheses ending in " ." in one call
+    target = torch.tensor([[4, 5, 6, 10, 2]] * rows)  # "the cat sat ."
+    hyps = [[4, 5, 10, 2]] * rows  # "the cat ."
+
+    class Generator:
+        def generate(self, models, sample, **kwargs):
+            return [[{"tokens": torch.tensor(h)}] for h in hyps]
+
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        fairseqs = TranslationTask._inference_with_bleu(task, Generator(), {"target": target}, None)
+    assert "forgot to detokenize" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        ours = task._inference_with_bleu(Generator(), {"target": target}, None)
+    assert caplog.text == ""
+    assert (ours.sys_len, ours.ref_len, ours.counts, ours.totals) == \
+        (fairseqs.sys_len, fairseqs.ref_len, fairseqs.counts, fairseqs.totals) == (3 * rows, 4 * rows, [3 * rows, rows, 0, 0],
+                                                                                  [3 * rows, 2 * rows, rows, 0])
+
+
 @pytest.mark.parametrize("precision, dtype", [("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_inference_step_decodes_under_autocast_in_its_precision(monkeypatch, precision, dtype):
     """--decode-precision: the search runs under autocast of that dtype on the model's device, fp32
