@@ -205,10 +205,10 @@ def signature(run):
 
 
 def settings(args):
-    """fairseq-train's ARGS without the device's (--cpu, the distributed set-up), with one --max-tokens
-    first (so that a flag added at the end is named as the difference): the tokens per update, the
-    last --max-tokens (fairseq's) times the processes. What must not change while a run's checkpoints
-    are continued."""
+    """fairseq-train's ARGS without the device's (--cpu, the distributed set-up, a GPU's validation batch
+    size), with one --max-tokens first (so that a flag added at the end is named as the difference): the
+    tokens per update, the last --max-tokens (fairseq's) times the processes. What must not change while
+    a run's checkpoints are continued."""
     tokens = int(last_value(args, "--max-tokens", 0)) * int(last_value(args, "--distributed-world-size", 1))
     out, skip = [], 0
     for word in args:
