@@ -6,7 +6,8 @@ whole cache), and each reordering of the beam copies every layer's keys and valu
 tensor. Here, for a qknorm_transformer model in evaluation mode:
 - one buffer holds every layer's self-attention keys and values, (row, layer, key|value, head,
   position, head_dim): a step writes each layer's new keys and values in place, with one copy; a
-  reordering copies only the rows whose parent is another row, over the positions so far;
+  reordering copies, over the positions so far, on a CPU only the rows whose parent is another row, on
+  a GPU every row (without reading the device: `moved_rows_only`);
 - the source side's keys and values (QKNorm: normalised) are computed once per batch, one copy per
   sentence, its padding mask once; they are reordered only when sentences leave the batch;
 - the target embeddings (scaled, FixNorm-normalised), the positions, the projections' weights (the
@@ -31,6 +32,13 @@ from .model import QKDecoder, rows_problem
 
 KEY = "qknorm_decoder_cache"  # the cache's entry in the search's incremental state and encoder output
 FIRST_POSITIONS = 32  # the buffer's first length; it doubles when a hypothesis outgrows it
+
+
+def moved_rows_only(device):
+    """Whether a reordering copies only the rows whose parent is another row: on a CPU, where the copy
+    is the cost. Finding them (nonzero) makes the host wait for the device, so a GPU copies every row,
+    a few queued kernels and no host-device sync per beam step."""
+    return device.type == "cpu"
 
 
 def unsupported(model):
@@ -227,12 +235,14 @@ class DecoderCache:
                 if c.cross is not None:
                     c.source = tuple(None if s is None else s.index_select(0, keep) for s in c.source)
             self._share_mask()
-        # row i of the buffer is at the same place whatever the number of rows: rows move in place, and
-        # only those whose parent is another row
-        moved = order.ne(self.row_numbers[:rows]).nonzero().view(-1)
-        if moved.numel():
-            kv = self.rows_view.narrow(4, 0, self.steps)
-            kv.index_copy_(0, moved, kv.index_select(0, order[moved]))
+        # row i of the buffer is at the same place whatever the number of rows: rows move in place
+        kv = self.rows_view.narrow(4, 0, self.steps)
+        if moved_rows_only(order.device):
+            moved = order.ne(self.row_numbers[:rows]).nonzero().view(-1)
+            if moved.numel():
+                kv.index_copy_(0, moved, kv.index_select(0, order[moved]))
+        else:
+            kv.narrow(0, 0, rows).copy_(kv.index_select(0, order))
         if rows != self.rows:
             self.rows = rows
             self._layer_views()

@@ -12,6 +12,7 @@ from qknorm_fairseq.decoder_cache import CachedEnsemble, DecoderCache, unsupport
 from qknorm_fairseq.task import DECODER_STEPS, GNMTSequenceGenerator, TranslationQKConfig, TranslationQKTask
 from qknorm_fairseq.twt_search import TwTSequenceGenerator
 from qknorm_pipeline.benchmark import validation
+from qknorm_pipeline.benchmark.step_profile import SYNCS
 
 from helpers import build
 
@@ -74,7 +75,9 @@ def test_log_probs_equal_fairseqs_incremental_path_bit_for_bit(tiny_data, arch, 
     assert cache.shape[3] == 16 and cache.rows == 2 * beam
 
 
-def test_keys_and_values_are_written_and_reordered_in_place(tiny_data):
+@pytest.mark.parametrize("moved_only", [True, False], ids=["cpu-reorder", "gpu-reorder"])
+def test_keys_and_values_are_written_and_reordered_in_place(tiny_data, moved_only, monkeypatch):
+    monkeypatch.setattr(decoder_cache, "moved_rows_only", lambda device: moved_only)
     model, task = _model(tiny_data, "transformer_qknorm", generation=False)
     beam, g = 2, torch.Generator().manual_seed(3)
     model.decoder.set_beam_size(beam)
@@ -83,6 +86,7 @@ def test_keys_and_values_are_written_and_reordered_in_place(tiny_data):
         enc = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=lengths),
                                                 torch.arange(2).repeat_interleave(beam))
         cache = DecoderCache(model, enc)
+        cache.kv.fill_(float("nan"))  # not the memory of an earlier cache that held the same values
         buffer = cache.kv.data_ptr()
         tokens = torch.full((4, 1), task.target_dictionary.eos())
         for t in range(3):
@@ -102,6 +106,31 @@ def test_keys_and_values_are_written_and_reordered_in_place(tiny_data):
         assert torch.allclose(keys.norm(dim=-1), torch.ones(keys.shape[:-1]), atol=1e-6)
 
 
+def test_a_gpu_reorder_reads_nothing_from_the_device(tiny_data, monkeypatch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model, task = _model(tiny_data, "transformer_qknorm", generation=False)
+    model.decoder.set_beam_size(2)
+    src, lengths = _source(task, [4, 6])
+    assert decoder_cache.moved_rows_only(torch.device("cpu")) and not decoder_cache.moved_rows_only(torch.device("cuda"))
+    for moved_only, reads in ((True, ["nonzero"]), (False, [])):
+        monkeypatch.setattr(decoder_cache, "moved_rows_only", lambda device, moved_only=moved_only: moved_only)
+        with torch.no_grad():
+            enc = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=lengths), torch.arange(2).repeat_interleave(2))
+            cache = DecoderCache(model, enc)
+            cache.step(torch.full((4, 1), task.target_dictionary.eos()))
+            names = []
+            with Ops():
+                cache.reorder(torch.tensor([1, 1, 2, 3]))
+        # nonzero: a data-dependent shape, a host-device sync on a GPU (step_profile's SYNCS)
+        assert [n for n in names if n in SYNCS] == reads
+
+
 def test_the_source_is_projected_once_per_batch(tiny_data):
     model, task = _model(tiny_data, "transformer_qknorm", generation=False)
     model.decoder.set_beam_size(2)
@@ -118,7 +147,10 @@ def test_the_source_is_projected_once_per_batch(tiny_data):
 @pytest.mark.parametrize("generation", [False, True], ids=["validation", "generate"])
 @pytest.mark.parametrize("arch", ["transformer_qknorm", "transformer_lpqknorm", "transformer_postnorm"])
 @pytest.mark.parametrize("search", [TwTSequenceGenerator, GNMTSequenceGenerator], ids=["twt", "fairseq"])
-def test_both_searches_make_the_same_hypotheses_with_either_step(tiny_data, arch, generation, search):
+@pytest.mark.parametrize("moved_only", [True, False], ids=["cpu-reorder", "gpu-reorder"])
+def test_both_searches_make_the_same_hypotheses_with_either_step(tiny_data, arch, generation, search, moved_only,
+                                                                 monkeypatch):
+    monkeypatch.setattr(decoder_cache, "moved_rows_only", lambda device: moved_only)
     model, task = _model(tiny_data, arch, generation)
     src, lengths = _source(task, [3, 7, 5, 2, 6], seed=2)
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
