@@ -237,7 +237,7 @@ class DecoderCache:
             self._share_mask()
         # row i of the buffer is at the same place whatever the number of rows: rows move in place
         kv = self.rows_view.narrow(4, 0, self.steps)
-        if moved_rows_only(order.device):
+        if moved_rows_only(kv.device):
             moved = order.ne(self.row_numbers[:rows]).nonzero().view(-1)
             if moved.numel():
                 kv.index_copy_(0, moved, kv.index_select(0, order[moved]))

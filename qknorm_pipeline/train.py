@@ -200,8 +200,23 @@ def shown(cmd):
 
 
 def signature(run):
-    """What makes a finished run the same: fairseq-train's arguments (not the launcher)."""
-    return hashlib.sha1(shlex.join(run.fairseq_args).encode()).hexdigest()
+    """What makes a finished run the same: fairseq-train's arguments (not the launcher, not a GPU's
+    validation batch size)."""
+    return hashlib.sha1(shlex.join(without_gpu_validation(run.fairseq_args)).encode()).hexdigest()
+
+
+def without_gpu_validation(args):
+    """ARGS without --max-tokens-valid N, which a recipe's gpu: section adds on a GPU: a device setting,
+    like --cpu, that a finished run's signature and a study's records leave out."""
+    out, skip = [], False
+    for word in args:
+        if skip:
+            skip = False
+        elif word == "--max-tokens-valid":
+            skip = True
+        else:
+            out.append(word)
+    return out
 
 
 def settings(args):

@@ -25,7 +25,7 @@ TAG = "study"
 def portable(cmd, where):
     """CMD as a record holds it: the study's folders by name, no machine paths, no device flag."""
     out = []
-    for word in cmd:
+    for word in train_step.without_gpu_validation(cmd):
         if word == "--cpu":
             continue
         word = "python" if word == sys.executable else word

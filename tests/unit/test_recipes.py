@@ -312,6 +312,8 @@ def test_the_recipes_import_nothing_above_them():
 
 def test_a_gpu_run_validates_in_the_recipes_gpu_batches_a_cpu_run_in_its_training_batches(monkeypatch):
     from qknorm_pipeline import train
+    from qknorm_pipeline.paths import folders
+    from qknorm_pipeline.study import runs as study_runs
 
     def planned(gpu, extra=()):
         monkeypatch.setattr(train.hardware, "has_gpu", lambda: gpu)
@@ -325,3 +327,6 @@ def test_a_gpu_run_validates_in_the_recipes_gpu_batches_a_cpu_run_in_its_trainin
     assert int(_parse(planned(True, ["--max-tokens-valid", "8192"])).max_tokens_valid) == 8192  # the user's flag wins
     # a run moves between the two: the validation batch size is the device's, like --cpu
     assert train.settings(planned(True)) == train.settings(planned(False))
+    # a finished run's signature and a study's records leave it out, as they did before it was set
+    assert train.without_gpu_validation(planned(True)) == planned(False)[:-1] and planned(False)[-1] == "--cpu"
+    assert "--max-tokens-valid" not in study_runs.portable(planned(True), folders())
