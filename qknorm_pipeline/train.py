@@ -226,12 +226,12 @@ def settings(args):
     a run's checkpoints are continued."""
     tokens = int(last_value(args, "--max-tokens", 0)) * int(last_value(args, "--distributed-world-size", 1))
     out, skip = [], 0
-    for word in args:
+    for word in without_gpu_validation(args):
         if skip:
             skip -= 1
         elif word in ("--cpu", "--distributed-no-spawn"):
             pass
-        elif word in ("--distributed-world-size", "--distributed-init-method", "--max-tokens", "--max-tokens-valid"):
+        elif word in ("--distributed-world-size", "--distributed-init-method", "--max-tokens"):
             skip = 1
         else:
             out.append(word)

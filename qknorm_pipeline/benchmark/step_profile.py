@@ -116,6 +116,8 @@ def epoch_shapes(trainer):
                                required_batch_size_multiple=cfg.dataset.required_batch_size_multiple)
     decoder = getattr(trainer.get_model(), "decoder", None)
     packed = getattr(decoder, "packed", False)
+    if packed:
+        from qknorm_fairseq.decoder_rows import group_sizes
     shapes, pad, total, grids = set(), Counter(), Counter(), Counter()
     for batch in batches:
         sample = ds.collater([ds[int(i)] for i in batch])
@@ -126,8 +128,6 @@ def epoch_shapes(trainer):
         total["source"] += src.numel()
         total["target"] += tgt.numel()
         if packed:
-            from qknorm_fairseq.decoder_rows import group_sizes
-
             lengths = sorted(tgt.ne(task.tgt_dict.pad()).sum(1).tolist(), reverse=True)
             first = 0
             for size in group_sizes(lengths, decoder.packed_groups):
