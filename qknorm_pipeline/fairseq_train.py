@@ -16,6 +16,10 @@
 4. Ctrl-C while a checkpoint is written. fairseq saves the first checkpoint file atomically but
    copies it onto the others (checkpoint_last.pt, the one a resume loads) in place, so a Ctrl-C in
    the copy would leave a truncated checkpoint_last.pt; here the Ctrl-C waits until saving returns.
+5. bf16 matrix products on a CPU. oneDNN builds a kernel for every new product shape (2-39 ms
+   each on an Intel Xeon with AMX, 4-15x the product itself) and keeps the last 1,024; a gl-en
+   epoch's batches make ~4,900 shapes, so every epoch built them all again. ONEDNN_CACHE's capacity
+   keeps an epoch's (docs/performance.md: speed and memory); a value the user set wins.
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
 hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU; the plugin's
@@ -50,6 +54,14 @@ NOISE = (
 def silence_noise():
     for category, message in NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)
+
+
+# read by oneDNN when it builds its first kernel, so setting it before training is enough
+ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
+
+
+def keep_onednn_kernels(environ=os.environ):
+    environ.setdefault(*ONEDNN_CACHE)
 
 
 def _given(flag, argv):
@@ -144,6 +156,7 @@ def chosen_help(argv):
 
 def main(argv=None):
     silence_noise()
+    keep_onednn_kernels()
     # isort: off
     import qknorm_fairseq  # noqa: F401  (first: it imports fairseq quietly; --user-dir then finds it imported)
     from fairseq_cli import train  # sets fairseq's log format: our import left the root logger as it was

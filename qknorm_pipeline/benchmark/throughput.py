@@ -10,7 +10,8 @@ recipe. The (system, precision) runs alternate, --reps times. A run's speed is t
 fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates; the median of each
 epoch's `ups` is kept beside it (a GPU meets every batch shape for the first time in epoch 1 and
 pays for it there: cuDNN plans, allocator blocks, compiled graphs). Then, once per
-run, qknorm_pipeline/benchmark/step_profile.py counts one non-logging update: ATen ops by phase,
+run, qknorm_pipeline/benchmark/step_profile.py counts one non-logging update (--profile-update; one
+past an epoch's batches profiles an update whose shapes the caches have met): ATen ops by phase,
 host-device syncs, the training split's batch shapes per epoch and padding fraction, and the time of
 the update before it by op family; the table prints the matrix products' share of that update and
 the update's time over theirs: how far the update is from the time its arithmetic needs.
@@ -30,6 +31,7 @@ from .. import recipes
 from .. import train as train_step
 from ..cli import UserError, log
 from ..fairseq_log import parse_line
+from ..fairseq_train import ONEDNN_CACHE
 from ..files import read_json, write_atomic
 from ..hardware import cpu_has_bf16, device_name, machine
 from ..paths import Folders, folders, shareable
@@ -37,8 +39,11 @@ from ..recipes import STOCK
 from ..train import ENTRY
 
 CUDNN_ENV = "QKNORM_CUDNN_ATTENTION"  # qknorm_fairseq/cudnn_attention.py (not imported: it imports torch)
+# what changes a run's speed from outside its command: cuDNN attention; oneDNN's kernel cache, whose
+# capacity the training entry point sets where the user has not
+RECORDED_ENV = (CUDNN_ENV, ONEDNN_CACHE[0])
 HELP = "real fairseq-train updates/s of a pair's recipe against stock fairseq (writes throughput.json)"
-PROFILED_UPDATE = 6
+PROFILED_UPDATE = 6  # the default: inside epoch 1 on every pair
 
 
 def stock_command(cfg, data_bin, save_dir, gpu, precision):
@@ -78,25 +83,26 @@ def commands(opts, where, scratch):
 
 def recorded(cmd, scratch):
     """CMD as a record keeps it: this Python as `python`, the repository's paths relative to it, the
-    temporary folder as $SCRATCH, preceded by QKNORM_CUDNN_ATTENTION=... when it is set."""
+    temporary folder as $SCRATCH, preceded by the settings in RECORDED_ENV that are set."""
     words = ["python" if w == sys.executable else shareable(w).replace(scratch, "$SCRATCH") for w in cmd]
-    env = [f"{CUDNN_ENV}={os.environ[CUDNN_ENV]}"] if CUDNN_ENV in os.environ else []
+    env = [f"{var}={os.environ[var]}" for var in RECORDED_ENV if var in os.environ]
     return shlex.join(env + words)
 
 
-def profile_one(cmd, env, scratch):
-    """step_profile's record of one non-logging update of CMD (an entry-point command)."""
+def profile_one(cmd, env, scratch, update=PROFILED_UPDATE):
+    """step_profile's record of non-logging update UPDATE of CMD (an entry-point command); its times
+    are those of the update before it."""
     out = os.path.join(scratch, "profile.json")
     i = cmd.index(ENTRY)
-    prof = [*cmd[:i], "qknorm_pipeline.benchmark.step_profile", out, "--update", str(PROFILED_UPDATE), "--",
-            *cmd[i + 1:], "--max-update", str(PROFILED_UPDATE), "--log-interval", "1000"]
+    prof = [*cmd[:i], "qknorm_pipeline.benchmark.step_profile", out, "--update", str(update), "--",
+            *cmd[i + 1:], "--max-update", str(update), "--log-interval", str(max(1000, update + 1))]
     p = subprocess.run(prof, env=env, capture_output=True, text=True)
     if p.returncode != 0 or not os.path.isfile(out):
         raise UserError(f"profiling {' '.join(cmd[:3])} ... failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
     rec = read_json(out, "a step_profile run wrote it incompletely; run the benchmark again")
     os.remove(out)
-    return {k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
-                                "padding", "padding_source", "padding_target", "update_ms", "op_ms", "top_ops", "op_families")}
+    return {"profiled_update": update, **{k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
+                                "padding", "padding_source", "padding_target", "update_ms", "op_ms", "top_ops", "op_families")}}
 
 
 def time_one(cmd, env, warmup, updates):
@@ -148,6 +154,9 @@ def run(opts):
             train_step.check_cpu_precision(precision)
     device, machine_line = device_name(opts.gpu), machine(opts.gpu)
     out = opts.out or os.path.join(folders().results, "gpu/throughput.json" if opts.gpu else "throughput-cpu.json")
+    if opts.profile_update < 3:
+        raise UserError(f"--profile-update {opts.profile_update}: give 3 or more (its time is the update before it, "
+                        "and the first update builds what the others reuse)")
     if opts.warmup >= opts.updates:
         raise UserError(f"--warmup {opts.warmup} must be below --updates {opts.updates}")
     old_records(out)  # before the hour of measuring: a file the records cannot be appended to is refused now
@@ -165,7 +174,7 @@ def run(opts):
         profiles = {}
         if opts.profile:
             for key, (cmd, env) in cmds.items():
-                profiles[key] = profile_one(cmd, env, scratch)
+                profiles[key] = profile_one(cmd, env, scratch, opts.profile_update)
                 log("benchmark", f"profiled {key[0]} {key[1]}: {profiles[key]['ops']['total']} ops, "
                                  f"{profiles[key]['syncs']} syncs per update")
     date = datetime.now().astimezone().isoformat(timespec="seconds")
@@ -233,6 +242,10 @@ def add_arguments(s):
                    help="default: bf16 on a GPU; on a CPU fp32 and, where it has native bf16 instructions, bf16")
     s.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip the per-update profile (ops, syncs, batch shapes)")
+    s.add_argument("--profile-update", type=int, default=PROFILED_UPDATE,
+                   help=f"the update the profile counts, timing the one before it (default {PROFILED_UPDATE}, in epoch "
+                        "1); past the pair's batches per epoch it profiles a later epoch, whose batch shapes "
+                        "oneDNN's and cuDNN's caches have met")
     s.add_argument("--label", default="", help="a note stored with the records, e.g. before or after a change")
     s.add_argument("--out", help="the JSON file the records are appended to")
     s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for every system (e.g. a smaller model)")

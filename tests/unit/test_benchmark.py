@@ -12,6 +12,7 @@ import pytest
 from qknorm_fairseq.architectures import PRESETS
 from qknorm_pipeline.benchmark import speed
 from qknorm_pipeline.benchmark.__main__ import main
+from qknorm_pipeline.cli import UserError
 from qknorm_pipeline.paths import ROOT
 
 TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--vocab", "30", "--batch", "2", "--src-len", "5",
@@ -228,3 +229,36 @@ def test_step_profile_splits_an_update_by_op_family_and_counts_regions_whole():
     assert ms["norms"] > 0 and ms["elementwise and copies"] > 0 and ms[FRAMEWORK] >= 20
     assert ms["fused attention"] == ms["softmax and loss"] == 0
     assert sum(ms.values()) == pytest.approx(wall, abs=0.1 * len(ms))
+
+
+def test_the_profile_counts_the_update_asked_for_without_logging_it(monkeypatch, tmp_path):
+    from qknorm_pipeline.benchmark import throughput
+
+    keys = ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch", "padding", "padding_source",
+            "padding_target", "update_ms", "op_ms", "top_ops", "op_families")
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        with open(cmd[cmd.index("qknorm_pipeline.benchmark.step_profile") + 1], "w") as f:
+            json.dump({k: 1 for k in keys}, f)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(throughput.subprocess, "run", fake_run)
+    entry = [sys.executable, "-m", throughput.ENTRY, "bin", "--log-interval", "5"]
+    for update, interval in ((6, "1000"), (2000, "2001")):
+        rec = throughput.profile_one(entry, None, str(tmp_path), update)
+        cmd = seen[-1]
+        assert rec == {"profiled_update": update, **{k: 1 for k in keys}}
+        assert cmd[cmd.index("--update") + 1] == str(update)
+        # fairseq takes a flag's last value: the run stops at UPDATE, and UPDATE does not log
+        assert cmd[len(cmd) - 1 - cmd[::-1].index("--max-update") + 1] == str(update)
+        assert cmd[len(cmd) - 1 - cmd[::-1].index("--log-interval") + 1] == interval
+
+
+def test_a_profile_update_below_three_is_refused_before_any_training():
+    from qknorm_pipeline.benchmark import throughput
+
+    opts = argparse.Namespace(precisions=["fp32"], out=None, warmup=1, updates=5, profile_update=2)
+    with pytest.raises(UserError, match=r"^--profile-update 2: give 3 or more \(its time is the update before it"):
+        throughput.run(opts)

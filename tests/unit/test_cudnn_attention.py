@@ -42,11 +42,17 @@ def test_a_bad_value_is_one_line_naming_the_fix():
 def test_a_benchmark_record_names_the_setting_it_ran_under(monkeypatch):
     from qknorm_fairseq import cudnn_attention
     from qknorm_pipeline.benchmark import throughput
+    from qknorm_pipeline.fairseq_train import ONEDNN_CACHE
 
     assert throughput.CUDNN_ENV == cudnn_attention.ENV
     cmd = [sys.executable, "-m", "qknorm_pipeline.fairseq_train", "/scratch/x/ckpt"]
     monkeypatch.delenv(cudnn_attention.ENV, raising=False)
+    monkeypatch.delenv(ONEDNN_CACHE[0], raising=False)
     assert throughput.recorded(cmd, "/scratch/x") == "python -m qknorm_pipeline.fairseq_train '$SCRATCH/ckpt'"
     monkeypatch.setenv(cudnn_attention.ENV, "1")
     assert throughput.recorded(cmd, "/scratch/x") == (
         "QKNORM_CUDNN_ATTENTION=1 python -m qknorm_pipeline.fairseq_train '$SCRATCH/ckpt'")
+    monkeypatch.setenv(ONEDNN_CACHE[0], "1024")
+    assert throughput.recorded(cmd, "/scratch/x") == (
+        "QKNORM_CUDNN_ATTENTION=1 ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 python -m qknorm_pipeline.fairseq_train "
+        "'$SCRATCH/ckpt'")
