@@ -1,4 +1,4 @@
-"""`fairseq-train` with four fixes for the hardware people actually have.
+"""`fairseq-train` with five fixes for the hardware people actually have.
 
     python -m qknorm_pipeline.fairseq_train [fairseq-train arguments]      (what scripts/train.sh runs)
 
@@ -16,10 +16,10 @@
 4. Ctrl-C while a checkpoint is written. fairseq saves the first checkpoint file atomically but
    copies it onto the others (checkpoint_last.pt, the one a resume loads) in place, so a Ctrl-C in
    the copy would leave a truncated checkpoint_last.pt; here the Ctrl-C waits until saving returns.
-5. bf16 matrix products on a CPU. oneDNN builds a kernel for every new product shape (2-39 ms
-   each on an Intel Xeon with AMX, 4-15x the product itself) and keeps the last 1,024; a gl-en
-   epoch's batches make ~4,900 shapes, so every epoch built them all again. ONEDNN_CACHE's capacity
-   keeps an epoch's (docs/performance.md: speed and memory); a value the user set wins.
+5. bf16 matrix products on a CPU. oneDNN builds a kernel for every new product shape, costlier
+   than the product, and keeps the last 1,024: fewer than an epoch's batches make, so every epoch
+   built them all again. The cache keeps ONEDNN_CAPACITY (docs/performance.md: speed and memory)
+   unless the user set its size; a CPU run's log says which.
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
 hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU; the plugin's
@@ -57,11 +57,18 @@ def silence_noise():
 
 
 # read by oneDNN when it builds its first kernel, so setting it before training is enough
-ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
+ONEDNN_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")  # the second: its old name
+ONEDNN_CAPACITY = "16384"
+
+
+def onednn_cache(environ=os.environ):
+    """(variable, value): the size of oneDNN's kernel cache a training started in ENVIRON gets."""
+    return next(((v, environ[v]) for v in ONEDNN_VARS if v in environ), (ONEDNN_VARS[0], ONEDNN_CAPACITY))
 
 
 def keep_onednn_kernels(environ=os.environ):
-    environ.setdefault(*ONEDNN_CACHE)
+    var, value = onednn_cache(environ)
+    environ[var] = value
 
 
 def _given(flag, argv):
@@ -98,6 +105,8 @@ def wrap_parser(parse, argv):
         ns = fix_args(out[0] if isinstance(out, tuple) else out, argv)
         # the train log's record of where each (re)start ran (study/records.py reads it)
         logger.info(f"{MACHINE}{hardware.machine(gpu=not getattr(ns, 'cpu', False))}")
+        if getattr(ns, "cpu", False):
+            logger.info("oneDNN's kernel cache: {}={} (docs/performance.md)".format(*onednn_cache()))
         return out
 
     return parse_args_and_arch

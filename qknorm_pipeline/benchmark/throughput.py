@@ -10,8 +10,8 @@ recipe. The (system, precision) runs alternate, --reps times. A run's speed is t
 fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates; the median of each
 epoch's `ups` is kept beside it (a GPU meets every batch shape for the first time in epoch 1 and
 pays for it there: cuDNN plans, allocator blocks, compiled graphs). Then, once per
-run, qknorm_pipeline/benchmark/step_profile.py counts one non-logging update (--profile-update; one
-past an epoch's batches profiles an update whose shapes the caches have met): ATen ops by phase,
+run, qknorm_pipeline/benchmark/step_profile.py counts one non-logging update (--profile-update; two
+past an epoch's batches it profiles a later epoch, whose shapes the caches have met): ATen ops by phase,
 host-device syncs, the training split's batch shapes per epoch and padding fraction, and the time of
 the update before it by op family; the table prints the matrix products' share of that update and
 the update's time over theirs: how far the update is from the time its arithmetic needs.
@@ -31,7 +31,7 @@ from .. import recipes
 from .. import train as train_step
 from ..cli import UserError, log
 from ..fairseq_log import parse_line
-from ..fairseq_train import ONEDNN_CACHE
+from ..fairseq_train import onednn_cache
 from ..files import read_json, write_atomic
 from ..hardware import cpu_has_bf16, device_name, machine
 from ..paths import Folders, folders, shareable
@@ -39,9 +39,6 @@ from ..recipes import STOCK
 from ..train import ENTRY
 
 CUDNN_ENV = "QKNORM_CUDNN_ATTENTION"  # qknorm_fairseq/cudnn_attention.py (not imported: it imports torch)
-# what changes a run's speed from outside its command: cuDNN attention; oneDNN's kernel cache, whose
-# capacity the training entry point sets where the user has not
-RECORDED_ENV = (CUDNN_ENV, ONEDNN_CACHE[0])
 HELP = "real fairseq-train updates/s of a pair's recipe against stock fairseq (writes throughput.json)"
 PROFILED_UPDATE = 6  # the default: inside epoch 1 on every pair
 
@@ -81,17 +78,19 @@ def commands(opts, where, scratch):
     return out
 
 
-def recorded(cmd, scratch):
+def recorded(cmd, scratch, gpu=False):
     """CMD as a record keeps it: this Python as `python`, the repository's paths relative to it, the
-    temporary folder as $SCRATCH, preceded by the settings in RECORDED_ENV that are set."""
+    temporary folder as $SCRATCH, preceded by what changes its speed from outside it:
+    QKNORM_CUDNN_ATTENTION=... when it is set, and on a CPU the size of oneDNN's kernel cache the run
+    had (the training entry point's, or the user's)."""
     words = ["python" if w == sys.executable else shareable(w).replace(scratch, "$SCRATCH") for w in cmd]
-    env = [f"{var}={os.environ[var]}" for var in RECORDED_ENV if var in os.environ]
+    env = [f"{CUDNN_ENV}={os.environ[CUDNN_ENV]}"] if CUDNN_ENV in os.environ else []
+    env += [] if gpu else ["{}={}".format(*onednn_cache())]
     return shlex.join(env + words)
 
 
 def profile_one(cmd, env, scratch, update=PROFILED_UPDATE):
-    """step_profile's record of non-logging update UPDATE of CMD (an entry-point command); its times
-    are those of the update before it."""
+    """step_profile's record of non-logging update UPDATE of CMD (an entry-point command)."""
     out = os.path.join(scratch, "profile.json")
     i = cmd.index(ENTRY)
     prof = [*cmd[:i], "qknorm_pipeline.benchmark.step_profile", out, "--update", str(update), "--",
@@ -145,6 +144,9 @@ def default_precisions(gpu):
 
 
 def run(opts):
+    if opts.profile_update < 3:
+        raise UserError(f"--profile-update {opts.profile_update}: give 3 or more (its time is the update before it, "
+                        "and the first update builds what the others reuse)")
     import torch
 
     opts.gpu = torch.cuda.is_available()
@@ -154,9 +156,6 @@ def run(opts):
             train_step.check_cpu_precision(precision)
     device, machine_line = device_name(opts.gpu), machine(opts.gpu)
     out = opts.out or os.path.join(folders().results, "gpu/throughput.json" if opts.gpu else "throughput-cpu.json")
-    if opts.profile_update < 3:
-        raise UserError(f"--profile-update {opts.profile_update}: give 3 or more (its time is the update before it, "
-                        "and the first update builds what the others reuse)")
     if opts.warmup >= opts.updates:
         raise UserError(f"--warmup {opts.warmup} must be below --updates {opts.updates}")
     old_records(out)  # before the hour of measuring: a file the records cannot be appended to is refused now
@@ -181,7 +180,7 @@ def run(opts):
     records = [{"system": s, "updates_per_s": v, "updates_per_s_by_epoch": epochs[s, p][i], "rep": i + 1, "device": device,
                 "machine": machine_line, "precision": p,
                 "pair": opts.pair, "updates": opts.updates, "warmup": opts.warmup, "label": opts.label, "date": date,
-                "command": recorded(cmds[s, p][0], scratch),
+                "command": recorded(cmds[s, p][0], scratch, opts.gpu),
                 **profiles.get((s, p), {})}
                for (s, p), values in speeds.items() for i, v in enumerate(values)]
     old = old_records(out)
@@ -244,8 +243,8 @@ def add_arguments(s):
                    help="skip the per-update profile (ops, syncs, batch shapes)")
     s.add_argument("--profile-update", type=int, default=PROFILED_UPDATE,
                    help=f"the update the profile counts, timing the one before it (default {PROFILED_UPDATE}, in epoch "
-                        "1); past the pair's batches per epoch it profiles a later epoch, whose batch shapes "
-                        "oneDNN's and cuDNN's caches have met")
+                        "1); at an epoch's batches + 2 or more (gl-en: 159) a later epoch's, whose batch shapes "
+                        "oneDNN's and cuDNN's caches have met; the profile trains that many updates of each row")
     s.add_argument("--label", default="", help="a note stored with the records, e.g. before or after a change")
     s.add_argument("--out", help="the JSON file the records are appended to")
     s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for every system (e.g. a smaller model)")

@@ -262,3 +262,26 @@ def test_a_profile_update_below_three_is_refused_before_any_training():
     opts = argparse.Namespace(precisions=["fp32"], out=None, warmup=1, updates=5, profile_update=2)
     with pytest.raises(UserError, match=r"^--profile-update 2: give 3 or more \(its time is the update before it"):
         throughput.run(opts)
+
+
+def test_the_benchmark_profiles_the_update_asked_for_and_records_it(monkeypatch, tmp_path):
+    from qknorm_pipeline.benchmark import throughput
+
+    cmd = [sys.executable, "-m", throughput.ENTRY, "bin"]
+    monkeypatch.setattr(throughput, "commands", lambda opts, where, scratch: {("qknorm", "fp32"): (cmd, {})})
+    monkeypatch.setattr(throughput, "time_one", lambda cmd, env, warmup, updates: (1.5, {"1": 1.4, "2": 1.6}))
+    asked = []
+
+    def profile_one(cmd, env, scratch, update):
+        asked.append(update)
+        return {"profiled_update": update, "ops": {"total": 1}, "syncs": 0}
+
+    monkeypatch.setattr(throughput, "profile_one", profile_one)
+    monkeypatch.setattr(throughput, "table", lambda *args: "")
+    out = tmp_path / "records.json"
+    opts = argparse.Namespace(precisions=["fp32"], out=str(out), warmup=1, updates=200, profile_update=170,
+                              profile=True, reps=1, pair="gl-en", label="x")
+    throughput.run(opts)
+    assert asked == [170]
+    (rec,) = json.loads(out.read_text())
+    assert rec["profiled_update"] == 170 and rec["updates_per_s_by_epoch"] == {"1": 1.4, "2": 1.6}

@@ -39,20 +39,21 @@ def test_a_bad_value_is_one_line_naming_the_fix():
         "or unset it")
 
 
-def test_a_benchmark_record_names_the_setting_it_ran_under(monkeypatch):
+def test_a_benchmark_record_names_the_settings_it_ran_under(monkeypatch):
     from qknorm_fairseq import cudnn_attention
     from qknorm_pipeline.benchmark import throughput
-    from qknorm_pipeline.fairseq_train import ONEDNN_CACHE
+    from qknorm_pipeline.fairseq_train import ONEDNN_CAPACITY, ONEDNN_VARS
 
     assert throughput.CUDNN_ENV == cudnn_attention.ENV
     cmd = [sys.executable, "-m", "qknorm_pipeline.fairseq_train", "/scratch/x/ckpt"]
-    monkeypatch.delenv(cudnn_attention.ENV, raising=False)
-    monkeypatch.delenv(ONEDNN_CACHE[0], raising=False)
-    assert throughput.recorded(cmd, "/scratch/x") == "python -m qknorm_pipeline.fairseq_train '$SCRATCH/ckpt'"
+    for var in (cudnn_attention.ENV, *ONEDNN_VARS):
+        monkeypatch.delenv(var, raising=False)
+    run = "python -m qknorm_pipeline.fairseq_train '$SCRATCH/ckpt'"
+    assert throughput.recorded(cmd, "/scratch/x", gpu=True) == run
+    # on a CPU the size of oneDNN's kernel cache the run had: the entry point's, or the user's
+    assert throughput.recorded(cmd, "/scratch/x") == f"ONEDNN_PRIMITIVE_CACHE_CAPACITY={ONEDNN_CAPACITY} {run}"
     monkeypatch.setenv(cudnn_attention.ENV, "1")
+    monkeypatch.setenv(ONEDNN_VARS[0], "1024")
+    assert throughput.recorded(cmd, "/scratch/x", gpu=True) == f"QKNORM_CUDNN_ATTENTION=1 {run}"
     assert throughput.recorded(cmd, "/scratch/x") == (
-        "QKNORM_CUDNN_ATTENTION=1 python -m qknorm_pipeline.fairseq_train '$SCRATCH/ckpt'")
-    monkeypatch.setenv(ONEDNN_CACHE[0], "1024")
-    assert throughput.recorded(cmd, "/scratch/x") == (
-        "QKNORM_CUDNN_ATTENTION=1 ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 python -m qknorm_pipeline.fairseq_train "
-        "'$SCRATCH/ckpt'")
+        f"QKNORM_CUDNN_ATTENTION=1 ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 {run}")
