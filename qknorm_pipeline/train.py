@@ -205,18 +205,23 @@ def signature(run):
     return hashlib.sha1(shlex.join(without_gpu_validation(run.fairseq_args)).encode()).hexdigest()
 
 
-def without_gpu_validation(args):
-    """ARGS without --max-tokens-valid N, which a recipe's gpu: section adds on a GPU: a device setting,
-    like --cpu, that a finished run's signature and a study's records leave out."""
+def without_flags(args, flags):
+    """ARGS without each of FLAGS and the value after it."""
     out, skip = [], False
     for word in args:
         if skip:
             skip = False
-        elif word == "--max-tokens-valid":
+        elif word in flags:
             skip = True
         else:
             out.append(word)
     return out
+
+
+def without_gpu_validation(args):
+    """ARGS without --max-tokens-valid N, which a recipe's gpu: section adds on a GPU: a device setting,
+    like --cpu, that a finished run's signature and a study's records leave out."""
+    return without_flags(args, ("--max-tokens-valid",))
 
 
 def settings(args):
@@ -225,16 +230,8 @@ def settings(args):
     tokens per update, the last --max-tokens (fairseq's) times the processes. What must not change while
     a run's checkpoints are continued."""
     tokens = int(last_value(args, "--max-tokens", 0)) * int(last_value(args, "--distributed-world-size", 1))
-    out, skip = [], 0
-    for word in without_gpu_validation(args):
-        if skip:
-            skip -= 1
-        elif word in ("--cpu", "--distributed-no-spawn"):
-            pass
-        elif word in ("--distributed-world-size", "--distributed-init-method", "--max-tokens"):
-            skip = 1
-        else:
-            out.append(word)
+    device = ("--distributed-world-size", "--distributed-init-method", "--max-tokens", "--max-tokens-valid")
+    out = [w for w in without_flags(args, device) if w not in ("--cpu", "--distributed-no-spawn")]
     return ["--max-tokens", str(tokens)] + out
 
 

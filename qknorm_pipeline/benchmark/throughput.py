@@ -100,8 +100,9 @@ def profile_one(cmd, env, scratch, update=PROFILED_UPDATE):
         raise UserError(f"profiling {' '.join(cmd[:3])} ... failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
     rec = read_json(out, "a step_profile run wrote it incompletely; run the benchmark again")
     os.remove(out)
-    return {"profiled_update": update, **{k: rec[k] for k in ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch",
-                                "padding", "padding_source", "padding_target", "update_ms", "op_ms", "top_ops", "op_families")}}
+    kept = ("ops", "syncs", "h2d", "sync_sites", "batches_per_epoch", "shapes_per_epoch", "padding", "padding_source",
+            "padding_target", "update_ms", "op_ms", "top_ops", "op_families")
+    return {"profiled_update": update, **{k: rec[k] for k in kept}}
 
 
 def time_one(cmd, env, warmup, updates):
