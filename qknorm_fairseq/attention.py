@@ -79,11 +79,16 @@ def unchanged(stamped, t: Optional[Tensor]) -> bool:
 class NormAttention(MultiheadAttention):
     def __init__(self, embed_dim, num_heads, kdim=None, vdim=None, dropout=0.0, self_attention=False,
                  encoder_decoder_attention=False, attention_type="softmax", qknorm_p=2.0, qknorm_g0=1.0,
-                 causal=False, fast_dropout=False, attention_kernel="sdpa"):
+                 causal=False, fast_dropout=False, attention_kernel="sdpa", fused_kernels=False):
         super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
                          self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention)
         self.fast_dropout = fast_dropout
         self.attention_kernel = attention_kernel
+        self.fused_kernels = fused_kernels
+        if fused_kernels:
+            from . import fused_kernels as kernels  # imported only here: it imports torch._dynamo (2 s)
+
+            self._compiled_normalize = kernels.lp_normalize
         if fast_dropout:
             from .fast_dropout import swap_dropouts  # imported only here: see model._swap_dropouts
 
@@ -196,7 +201,11 @@ class NormAttention(MultiheadAttention):
 
     def _qknorm(self, x):
         """QKNorm's l_p normalisation of queries or keys (per head); other scores: x as it is."""
-        return lp_normalize(x, self.p) if self.scores == "qknorm" else x
+        if self.scores != "qknorm":
+            return x
+        if self.fused_kernels and self.training:
+            return self._compiled_normalize(x, self.p, 1e-6)
+        return lp_normalize(x, self.p)
 
     def source_keys(self, key, value, key_padding_mask, bsz):
         """Encoder-decoder attention's keys, values and key padding mask for a batch of bsz queries. In

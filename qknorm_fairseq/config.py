@@ -70,6 +70,11 @@ class QKNormConfig(FairseqDataclass):
         default="sdpa", metadata={"help": "softmax attention through torch's scaled_dot_product_attention (sdpa: "
                                           "fused kernels) or as matmul, softmax, matmul (on a CPU in bf16 0.17x sdpa's "
                                           "time, forward and backward: benchmark.sh kernels; another rounding)"})
+    fused_kernels: bool = field(
+        default=False, metadata={"help": "in training, QKNorm's normalisation and --fused-loss's passes over the "
+                                         "logits each run as one loop compiled by torch.compile (a C++ compiler on "
+                                         "a CPU; a few seconds' compiling the first time); the same formulas, "
+                                         "another rounding (qknorm_fairseq/fused_kernels.py)"})
     packed_decoder: bool = field(
         default=False, metadata={"help": "in training, the decoder computes its target's tokens only, not the "
                                          "padding: embeddings, norms, projections, feed-forward layers and output "

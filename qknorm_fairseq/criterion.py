@@ -10,7 +10,8 @@ fairseq's form puts 1 - eps on the gold and eps/(N - 1) on each other type.
 
 `--fused-loss` computes the same loss and its gradient from the logits, a block of rows at a time
 in fp32, instead of through fp32 log-probabilities of all tokens x types (a cast, log_softmax, the
-smoothing sum and their backward: about ten passes over the largest tensor of an update).
+smoothing sum and their backward: about ten passes over the largest tensor of an update). With
+--fused-kernels each of its two passes is one compiled loop (fused_kernels.py).
 """
 from dataclasses import dataclass, field
 
@@ -70,6 +71,21 @@ def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, r
     return loss.squeeze(-1), nll_loss.squeeze(-1)
 
 
+def _blocked_statistics(logits, target, forbidden, acc):
+    """Per row of LOGITS, in ACC: logsumexp, the target's logit, the sum of the allowed logits."""
+    rows, types = logits.shape
+    lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
+    for b in _row_blocks(rows, types):
+        # a copy only to mask in place or to cast (a fresh block is page faults, not just a pass)
+        x = logits[b].to(acc, copy=forbidden is not None)
+        torch.logsumexp(x, dim=-1, out=lse[b])
+        tgt[b] = x.gather(-1, target[b, None]).squeeze(-1)
+        if forbidden is not None:
+            x.masked_fill_(forbidden, 0.0)  # the masked logits are -inf
+        torch.sum(x, dim=-1, out=total[b])
+    return lse, tgt, total
+
+
 class FusedLabelSmoothedNLL(torch.autograd.Function):
     """(loss sum, nll sum) of masked_label_smoothed_nll_loss(log_softmax(LOGITS), ...), reduced,
     straight from LOGITS (N, V) of any float dtype; ALLOWED: bool (V,) or None (every type); UNIFORM
@@ -77,10 +93,11 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
 
     With lse = logsumexp of a row, nll = lse - logit[target] and smooth = n * lse - (sum of the
     allowed logits); the gradient of a row is softmax * (c_nll + n c_smooth) - c_nll onehot(target)
-    - c_smooth allowed, where c_nll and c_smooth are the weights of nll and smooth in the loss."""
+    - c_smooth allowed, where c_nll and c_smooth are the weights of nll and smooth in the loss.
+    KERNELS: fused_kernels' compiled loops instead of blocks of eager ops."""
 
     @staticmethod
-    def forward(ctx, logits, target, epsilon, ignore_index, allowed, uniform):
+    def forward(ctx, logits, target, epsilon, ignore_index, allowed, uniform, kernels=False):
         rows, types = logits.shape
         acc = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for fp64 logits
         # in acc, never in the logits' dtype: bf16 would round 3172 types to 3168
@@ -90,15 +107,12 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         if not torch.is_tensor(gold):  # a float in the uniform form
             gold = logits.new_full((), gold, dtype=acc)
         forbidden = ~allowed if allowed is not None else None
-        lse, tgt, total = (logits.new_empty(rows, dtype=acc) for _ in range(3))
-        for b in _row_blocks(rows, types):
-            # a copy only to mask in place or to cast (a fresh block is page faults, not just a pass)
-            x = logits[b].to(acc, copy=forbidden is not None)
-            torch.logsumexp(x, dim=-1, out=lse[b])
-            tgt[b] = x.gather(-1, target[b, None]).squeeze(-1)
-            if forbidden is not None:
-                x.masked_fill_(forbidden, 0.0)  # the masked logits are -inf
-            torch.sum(x, dim=-1, out=total[b])
+        if kernels:
+            from .fused_kernels import loss_statistics
+
+            lse, tgt, total = loss_statistics(logits, target, forbidden)
+        else:
+            lse, tgt, total = _blocked_statistics(logits, target, forbidden, acc)
         weights = allowed.to(acc) if allowed is not None else None
         nll = lse - tgt
         live = nll <= MASKED_TARGET_NLL  # the clamp of masked_label_smoothed_nll_loss passes no gradient
@@ -107,6 +121,7 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         keep = target.ne(ignore_index) if ignore_index is not None else torch.ones_like(live)
         nll, smooth = nll * keep, smooth * keep
         ctx.save_for_backward(logits, target, lse, live & keep, keep, weights, n, gold, eps_i)
+        ctx.kernels = kernels
         loss = gold * nll + eps_i * smooth
         return loss.sum(), nll.sum()
 
@@ -116,6 +131,11 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         rows, types = logits.shape
         c_nll = (grad_loss * gold + grad_nll) * live
         c_smooth = grad_loss * eps_i * keep
+        if ctx.kernels:
+            from .fused_kernels import loss_gradient
+
+            grad = loss_gradient(logits, lse, c_nll + n * c_smooth, target, c_nll, c_smooth, weights)
+            return grad, None, None, None, None, None, None
         c_softmax = (c_nll + n * c_smooth)[:, None]
         grad = torch.empty_like(logits)
         in_place = grad.dtype == lse.dtype  # fp32 logits: the block is computed where it is returned
@@ -130,7 +150,7 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
                 g.addr_(c_smooth[b], weights, alpha=-1)
             if not in_place:
                 grad[b] = g
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 @dataclass
@@ -172,8 +192,9 @@ class MaskedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterio
                                  "drop --fused-loss or the adaptive softmax")
             logits, target = net_output[0], model.get_targets(sample, net_output)
             # allowed None: every type (a decoder that is not ours never masks its logits)
+            kernels = getattr(decoder, "fused_kernels", False) and model.training
             return FusedLabelSmoothedNLL.apply(logits.view(-1, logits.size(-1)), target.view(-1), self.eps,
-                                               ignore, allowed, self.uniform)
+                                               ignore, allowed, self.uniform, kernels)
         lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
         if ours and allowed is None:
             allowed = torch.ones_like(lprobs[0], dtype=torch.bool)

@@ -44,6 +44,7 @@ def check_args(args):
     needs = {"scalenorm_fixed_g": (args.norm_type == "scalenorm", "--norm-type scalenorm"),
              "word_dropout_specials": (args.word_dropout > 0, "--word-dropout P (P > 0)"),
              "packed_groups": (args.packed_decoder, "--packed-decoder"),
+             "fused_kernels": (uses_qknorm or getattr(args, "fused_loss", False), f"{qknorm} or --fused-loss"),
              **{name: (uses_qknorm, qknorm) for name in ("qknorm_p", "qknorm_g0", "qknorm_percentile")}}
     for name, (used, what) in needs.items():
         if not used and getattr(args, name) != config.DEFAULTS[name]:
@@ -142,7 +143,7 @@ def _wrap(layer, cfg):
 def _attention(cfg, embed_dim, heads, kind, **kw):
     return NormAttention(embed_dim, heads, dropout=cfg.attention_dropout, attention_type=kind,
                          qknorm_p=cfg.qknorm_p, qknorm_g0=cfg.qknorm_g0, fast_dropout=cfg.fast_dropout,
-                         attention_kernel=cfg.attention_kernel, **kw)
+                         attention_kernel=cfg.attention_kernel, fused_kernels=cfg.fused_kernels, **kw)
 
 
 def _swap_dropouts(module, cfg):
@@ -243,6 +244,7 @@ class QKDecoder(TransformerDecoderBase):
         self.output_bias = nn.Parameter(torch.zeros(len(dictionary))) if cfg.output_bias else None
         self.packed, self.packed_groups = bool(cfg.packed_decoder), cfg.packed_groups
         self.allowed_only = False  # set by the model's build_model
+        self.fused_kernels = bool(cfg.fused_kernels)  # read by the criterion's --fused-loss
         if self.packed:
             problem = rows_problem(self) or (cfg.checkpoint_activations and "--checkpoint-activations wraps its layers")
             if problem:

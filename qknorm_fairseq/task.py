@@ -187,6 +187,9 @@ class TranslationQKTask(TranslationTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         if self.cfg.compile:
+            if getattr(getattr(model, "decoder", None), "fused_kernels", False):
+                raise ValueError("--compile compiles each layer whole, --fused-kernels parts of them: "
+                                 "drop one of them")
             if getattr(getattr(model, "decoder", None), "packed", False):
                 raise ValueError("--compile compiles each layer's forward, which --packed-decoder's training "
                                  "forward does not call: drop one of them")

@@ -8,11 +8,16 @@ torch.linalg.vector_norm on (tokens, heads, dim / heads), p = 2 also in bf16 (wi
 hand-written backward against autograd's); --fast-dropout's dropout against torch's (p = 0.4) on
 (tokens, 4 dim) and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
 heads, 24, dim / heads), each in fp32 and bf16; --fused-loss's label-smoothed loss against the
-criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab). Prints (and with --out
+criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab); --fused-kernels' compiled
+normalisation (bf16, p = 2) and loss against their eager paths, and torch's dropout through
+torch.compile against --fast-dropout's, where a C++ compiler is found (the compiling falls in the
+warm-up call, outside the times). Prints (and with --out
 writes OUT.md) the median microseconds per call, forward and forward + backward, and the ratio to
 the reference.
 """
+import shutil
 import statistics
+import sys
 import time
 
 import torch
@@ -25,6 +30,7 @@ HELP = "norm and l_p-normalisation kernels against their references (CPU)"
 def run(opts):
     from fairseq.modules import LayerNorm
 
+    from qknorm_fairseq import fused_kernels
     from qknorm_fairseq.attention import NormAttention, lp_normalize
     from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
     from qknorm_fairseq.fast_dropout import fast_dropout
@@ -70,6 +76,17 @@ def run(opts):
                (opts.tokens, opts.vocab), bf16),
               ("fused loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False)[0],
                "log_softmax loss bf16", (opts.tokens, opts.vocab), bf16)]
+    if any(map(shutil.which, fused_kernels.COMPILERS)):
+        compiled_dropout = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.4), dynamic=True)
+        cases += [("compiled torch dropout bf16", compiled_dropout, "fast_dropout bf16", (opts.tokens, 4 * d), bf16),
+                  ("fused_kernels loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, True)[0],
+                   "fused loss bf16", (opts.tokens, opts.vocab), bf16)]
+        if 2 in opts.p:
+            cases += [("fused_kernels lp_normalize p=2 bf16", lambda x: fused_kernels.lp_normalize(x, 2.0, 1e-6),
+                       "lp_normalize p=2 bf16", (opts.tokens, opts.heads, hd), bf16)]
+    else:
+        print(f"no C++ compiler ({', '.join(fused_kernels.COMPILERS)}) on PATH: --fused-kernels' compiled kernels left out",
+              file=sys.stderr)
     inputs = {(shape, dtype): torch.randn(shape).to(dtype) for *_, shape, dtype in cases}
     times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
 

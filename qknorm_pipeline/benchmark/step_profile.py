@@ -18,8 +18,9 @@ during update K, counts:
 during update K - 1, with torch.profiler: its wall time (update_ms), the CPU time of its ATen ops and
 the share of the eight costliest (self time; op_ms, top_ops), and its time by op family (op_families,
 ms; FAMILIES below): the optimizer step and the gradient clipping whole, --fast-dropout's mask draws
-whole (numpy's included), every other ATen op by its name, and "framework" for the rest of the wall
-time (Python, dispatch, the autograd engine, the profiler's own cost);
+whole (numpy's included), --fused-kernels' compiled loops, every other ATen op by its name, and
+"framework" for the rest of the wall time (Python, dispatch, the autograd engine, the profiler's own
+cost);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
 all tokens: source and target together, and each side alone: padding_source, padding_target); with
@@ -60,6 +61,9 @@ FAMILIES = {
 }
 ELEMENTWISE = "elementwise and copies"  # every other ATen op: casts, residuals, masks, activations
 # whole regions of an update, everything inside them (Python and non-ATen work too)
+# --fused-kernels' loops, compiled by torch.compile: the self time of the profiler's event around each
+# compiled graph (an op the graph calls, a matrix product say, is its own ATen event)
+COMPILED, COMPILED_EVENT = "compiled loops", "## Call CompiledFxGraph"
 OPTIMIZER = "optimizer and clip"
 REGIONS = {"clip": OPTIMIZER, "step": OPTIMIZER, "keep_mask": "dropout"}
 FRAMEWORK = "framework"
@@ -166,7 +170,7 @@ def op_families(events, wall_ms):
     """{family: ms} of a profiled update (EVENTS: torch.profiler's events) whose wall time was
     WALL_MS; the families add up to it."""
     by_name = {n: family for family, names in FAMILIES.items() for n in names}
-    ms = dict.fromkeys([*FAMILIES, ELEMENTWISE, OPTIMIZER], 0.0)
+    ms = dict.fromkeys([*FAMILIES, ELEMENTWISE, COMPILED, OPTIMIZER], 0.0)
 
     def region(e):
         while e is not None:
@@ -180,6 +184,8 @@ def op_families(events, wall_ms):
             ms[REGIONS[e.name[len(REGION):]]] += e.cpu_time_total / 1e3
         elif e.name.startswith("aten::") and region(e) is None:
             ms[by_name.get(e.name[len("aten::"):], ELEMENTWISE)] += e.self_cpu_time_total / 1e3
+        elif e.name.startswith(COMPILED_EVENT) and region(e) is None:
+            ms[COMPILED] += e.self_cpu_time_total / 1e3
     ms[FRAMEWORK] = wall_ms - sum(ms.values())
     return {k: round(v, 1) for k, v in ms.items()}
 

@@ -3,6 +3,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,8 +56,10 @@ def test_speed_rejects_bad_settings(tmp_path, capsys):
 
 def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys):
     out = tmp_path / "kern"
+    from qknorm_fairseq.fused_kernels import COMPILERS
     from qknorm_pipeline.benchmark import kernels
 
+    compiler = any(map(shutil.which, COMPILERS))  # --fused-kernels' rows need one
     times = kernels.run(argparse.Namespace(dim=16, heads=2, tokens=8, vocab=12, p=[2.0, 4.0], iters=2, reps=2,
                                                    out=str(out)))
     names = {name for name, _ in times}
@@ -64,7 +67,9 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                      "vector_norm p=2 bf16", "lp_normalize p=2 bf16",
                      "vector_norm p=4", "lp_normalize p=4", "torch dropout fp32", "fast_dropout fp32",
                      "torch dropout bf16", "fast_dropout bf16", "sdpa attention fp32", "matmul attention fp32",
-                     "sdpa attention bf16", "matmul attention bf16", "log_softmax loss bf16", "fused loss bf16"}
+                     "sdpa attention bf16", "matmul attention bf16", "log_softmax loss bf16", "fused loss bf16",
+                     *(["compiled torch dropout bf16", "fused_kernels loss bf16", "fused_kernels lp_normalize p=2 bf16"]
+                       if compiler else [])}
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
     md = out.with_suffix(".md").read_text()
     assert md in capsys.readouterr().out
@@ -211,7 +216,7 @@ def test_step_profile_splits_an_update_by_op_family_and_counts_regions_whole():
     import torch
     import torch.nn.functional as F
 
-    from qknorm_pipeline.benchmark.step_profile import FAMILIES, FRAMEWORK, op_families, regioned
+    from qknorm_pipeline.benchmark.step_profile import COMPILED_EVENT, FAMILIES, FRAMEWORK, op_families, regioned
 
     x, w = torch.randn(4096, 256), torch.randn(256, 256)  # each op well above 0.1 ms, the rounding
     clip = regioned("clip", lambda: (x @ w).mm(w))  # matrix products inside the clip: the optimizer's time
@@ -221,10 +226,13 @@ def test_step_profile_splits_an_update_by_op_family_and_counts_regions_whole():
         F.layer_norm(x, (256,)) + 1.0
         clip()
         draw()
+        with torch.profiler.record_function(COMPILED_EVENT + " abc ##"):  # as torch.compile names a graph's call
+            time.sleep(0.01)
         time.sleep(0.02)  # no ATen op: the framework's share
         wall = (time.perf_counter() - start) * 1e3
     ms = op_families(prof.events(), wall)
-    assert set(ms) == {*FAMILIES, "elementwise and copies", "optimizer and clip", FRAMEWORK}
+    assert set(ms) == {*FAMILIES, "elementwise and copies", "compiled loops", "optimizer and clip", FRAMEWORK}
+    assert ms["compiled loops"] >= 10
     assert ms["matrix products"] == 0 and ms["optimizer and clip"] > 0 and ms["dropout"] > 0
     assert ms["norms"] > 0 and ms["elementwise and copies"] > 0 and ms[FRAMEWORK] >= 20
     assert ms["fused attention"] == ms["softmax and loss"] == 0

@@ -1,12 +1,15 @@
 """masked_label_smoothed_cross_entropy (qknorm_fairseq/criterion.py) against fairseq's label
 smoothing and against the original code's form of it; --fused-loss against autograd through
 log_softmax."""
+import shutil
+
 import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 from qknorm_fairseq import criterion
 from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
+from qknorm_fairseq.fused_kernels import COMPILERS
 
 from helpers import TINY_MODEL, USER_DIR, batch
 
@@ -69,14 +72,15 @@ def test_the_uniform_form_over_a_mask_spreads_over_the_allowed_types_only():
     assert torch.allclose(loss, expected, rtol=1e-12)
 
 
-def _fused_and_reference(logits, target, allowed, eps=0.1, pad=1, uniform=False):
-    """(loss, nll, grad) of --fused-loss and of autograd through log_softmax and
-    masked_label_smoothed_nll_loss, for the loss + 0.3 nll (so both outputs carry a gradient)."""
+def _fused_and_reference(logits, target, allowed, eps=0.1, pad=1, uniform=False, kernels=False):
+    """(loss, nll, grad) of --fused-loss (KERNELS: with --fused-kernels' compiled loops) and of
+    autograd through log_softmax and masked_label_smoothed_nll_loss, for the loss + 0.3 nll (so both
+    outputs carry a gradient)."""
     out = []
     for fused in (True, False):
         x = logits.detach().clone().requires_grad_()
         if fused:
-            loss, nll = FusedLabelSmoothedNLL.apply(x, target, eps, pad, allowed, uniform)
+            loss, nll = FusedLabelSmoothedNLL.apply(x, target, eps, pad, allowed, uniform, kernels)
         else:
             every = allowed if allowed is not None else torch.ones(x.size(-1), dtype=torch.bool)
             loss, nll = masked_label_smoothed_nll_loss(torch.log_softmax(x.double(), -1), target, eps,
@@ -88,9 +92,14 @@ def _fused_and_reference(logits, target, allowed, eps=0.1, pad=1, uniform=False)
     return out
 
 
+COMPILED = pytest.param(True, marks=pytest.mark.skipif(
+    not any(map(shutil.which, COMPILERS)), reason="no C++ compiler: --fused-kernels cannot compile"))
+
+
+@pytest.mark.parametrize("kernels", [False, COMPILED])
 @pytest.mark.parametrize("uniform", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked, uniform):
+def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked, uniform, kernels):
     """In fp64, over blocks of 3 rows: padding rows, masked types and a target the mask forbids (its
     nll clamped at MASKED_TARGET_NLL, no gradient through it) give the same loss and gradient."""
     monkeypatch.setattr(criterion, "FUSED_BLOCK", 40)  # 11 types: 3 rows a block, 13 blocks
@@ -104,7 +113,8 @@ def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked, uniform):
         allowed[[2, 5]] = False
         logits = logits.masked_fill(~allowed, float("-inf"))
         target[6] = 5
-    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, allowed, uniform=uniform)
+    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, allowed, uniform=uniform,
+                                                                            kernels=kernels)
     if masked:
         assert ref_nll > criterion.MASKED_TARGET_NLL  # the forbidden target is in the sum
     assert torch.allclose(loss, ref_loss, rtol=1e-12) and torch.allclose(nll, ref_nll, rtol=1e-12)
@@ -112,14 +122,15 @@ def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked, uniform):
     assert not grad[:4].any(), "padding rows get no gradient"
 
 
-def test_fused_loss_on_bf16_logits_accumulates_in_fp32():
+@pytest.mark.parametrize("kernels", [False, COMPILED])
+def test_fused_loss_on_bf16_logits_accumulates_in_fp32(kernels):
     """bf16 logits of the gl->en size, no mask: the loss of the very same values computed in fp64, to fp32
     rounding; the gradient comes back in bf16 and equals the fp64 one to bf16 rounding."""
     torch.manual_seed(1)
     logits = (torch.randn(512, 3172) * 4 - 20).bfloat16()  # off zero: an error in n (types) shows
     target = torch.randint(2, 3172, (512,))
     target[:20] = 1
-    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, None)
+    (loss, nll, grad), (ref_loss, ref_nll, ref_grad) = _fused_and_reference(logits, target, None, kernels=kernels)
     assert loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
     assert torch.allclose(loss.double(), ref_loss, rtol=1e-6) and torch.allclose(nll.double(), ref_nll, rtol=1e-6)
     assert ref_grad.dtype == torch.bfloat16  # the fp64 gradient rounded to bf16

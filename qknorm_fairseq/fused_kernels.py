@@ -1,0 +1,77 @@
+"""`--fused-kernels`: QKNorm's normalisation and --fused-loss's two passes over the logits, each
+compiled once by torch.compile (Inductor) into one loop over memory, in training only.
+
+In eager mode each is a chain of ops, each a pass over its tensor: l2_normalize is 4 ops forward and
+11 backward, on every query and key of every attention (on an Intel Xeon with AMX, bf16, at the
+study's size: 15% of an update). Compiled, the chain becomes a loop that reads its inputs once:
+`bash scripts/benchmark.sh kernels` times both. The arithmetic is the same formula in fp32, rounded
+once to the activations' dtype; the backward is autograd's of that formula, compiled, not the
+hand-written one of norms.py, so the bits differ from a run without the flag.
+
+Dropout stays out: Inductor's CPU random numbers are slow to draw (torch's dropout through
+torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md).
+Shapes are marked dynamic (batches differ in length and size): each function compiles once, plus
+once per layout it meets (a contiguous query and a permuted one), a few seconds each, the first
+time only (Inductor caches them on disk). Validation and decoding stay eager.
+"""
+import shutil
+
+import torch
+
+COMPILERS = ("g++", "c++", "clang++")
+
+
+def check_compiler(device):
+    """Inductor compiles C++ for a CPU: the one-line error where no compiler is found."""
+    if torch.device(device).type == "cpu" and not any(map(shutil.which, COMPILERS)):
+        raise RuntimeError("--fused-kernels compiles C++ loops with torch.compile, and no C++ compiler "
+                           f"({', '.join(COMPILERS)}) is on PATH: install one (apt install g++) or train without "
+                           "--fused-kernels")
+
+
+def _compiled(fn):
+    """FN through torch.compile, shapes dynamic; the compiler checked at the first call (decoding a
+    checkpoint trained with the flag never calls these, so needs no compiler)."""
+    compiled, checked = torch.compile(fn, dynamic=True), set()
+
+    def run(x, *args):
+        if x.device.type not in checked:
+            check_compiler(x.device)
+            checked.add(x.device.type)
+        return compiled(x, *args)
+
+    return run
+
+
+def _acc(x):
+    return x.double() if x.dtype == torch.float64 else x.float()  # fp64 stays fp64 (gradcheck)
+
+
+def _lp_normalize(x, p: float, eps: float):
+    # x / max(||x||_p, eps) in fp32, rounded once to x's dtype. The floor is put on the sum of powers,
+    # as attention.lp_normalize does for p != 2: through a floored norm a zero vector's gradient is NaN
+    xf = _acc(x)
+    powered = xf.square() if p == 2 else xf.abs().pow(p)
+    floor = max(eps ** p, torch.finfo(torch.float32).tiny)
+    return (xf * powered.sum(dim=-1, keepdim=True).clamp(min=floor).pow(-1.0 / p)).to(x.dtype)
+
+
+def _loss_statistics(logits, target, forbidden):
+    # per row: logsumexp, the target's logit, the sum of the allowed logits (FusedLabelSmoothedNLL)
+    x = _acc(logits)
+    total = x if forbidden is None else x.masked_fill(forbidden, 0.0)
+    return torch.logsumexp(x, dim=-1), x.gather(-1, target[:, None]).squeeze(-1), total.sum(dim=-1)
+
+
+def _loss_gradient(logits, lse, c_softmax, target, c_nll, c_smooth, weights):
+    # softmax * c_softmax - c_nll onehot(target) - c_smooth allowed, rounded once to the logits' dtype
+    g = torch.exp(_acc(logits) - lse[:, None]) * c_softmax[:, None]
+    onehot = torch.arange(logits.size(1), device=logits.device)[None, :] == target[:, None]
+    g = g - torch.where(onehot, c_nll[:, None], 0.0)
+    g = g - c_smooth[:, None] * (1.0 if weights is None else weights[None, :])
+    return g.to(logits.dtype)
+
+
+lp_normalize = _compiled(_lp_normalize)
+loss_statistics = _compiled(_loss_statistics)
+loss_gradient = _compiled(_loss_gradient)
