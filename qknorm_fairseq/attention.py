@@ -25,7 +25,17 @@ ATTENTIONS = {"softmax": ("dot", "softmax"), "qknorm": ("qknorm", "softmax"), "d
               "hnas": ("dot", "hnas"), "qknorm+dnas": ("qknorm", "dnas"), "qknorm+hnas": ("qknorm", "hnas")}
 
 
-def lp_normalize(x, p, eps=1e-6, out=None):
+EPS = 1e-6  # the floor of QKNorm's norms
+
+
+def power_floor(eps, p):
+    """The floor of the sum of p-th powers for a norm floored at EPS. The sum is clamped, not the
+    norm: d/ds s^(-1/p) is infinite at s = 0 and would turn a zero vector's gradient into NaN; the
+    floor stays a normal fp32 number for large p."""
+    return max(eps ** p, torch.finfo(torch.float32).tiny)
+
+
+def lp_normalize(x, p, eps=EPS, out=None):
     """x / max(||x||_p, eps) along the last dim, computed in fp32 (non-integer p is fragile in half
     precision); written into OUT when given (no autograd; OUT may be x)."""
     if p == 2:
@@ -39,10 +49,7 @@ def lp_normalize(x, p, eps=1e-6, out=None):
         powered = xf.square().pow(p / 2)
     else:
         powered = xf.abs().pow(p)
-    # clamp the sum, not the norm: d/ds s^(-1/p) is infinite at s = 0 and would turn a zero vector's
-    # gradient into NaN; the floor stays a normal fp32 number for large p
-    floor = max(eps ** p, torch.finfo(torch.float32).tiny)
-    scale = powered.sum(dim=-1, keepdim=True).clamp(min=floor).pow(-1.0 / p)
+    scale = powered.sum(dim=-1, keepdim=True).clamp(min=power_floor(eps, p)).pow(-1.0 / p)
     return (xf * scale).type_as(x) if out is None else torch.mul(xf, scale, out=out)
 
 
@@ -204,7 +211,7 @@ class NormAttention(MultiheadAttention):
         if self.scores != "qknorm":
             return x
         if self.fused_kernels and self.training:
-            return self._compiled_normalize(x, self.p, 1e-6)
+            return self._compiled_normalize(x, self.p, EPS)
         return lp_normalize(x, self.p)
 
     def source_keys(self, key, value, key_padding_mask, bsz):

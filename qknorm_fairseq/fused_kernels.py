@@ -1,32 +1,39 @@
 """`--fused-kernels`: QKNorm's normalisation and --fused-loss's two passes over the logits, each
 compiled once by torch.compile (Inductor) into one loop over memory, in training only.
 
-In eager mode each is a chain of ops, each a pass over its tensor: l2_normalize is 4 ops forward and
-11 backward, on every query and key of every attention (on an Intel Xeon with AMX, bf16, at the
-study's size: 15% of an update). Compiled, the chain becomes a loop that reads its inputs once:
-`bash scripts/benchmark.sh kernels` times both. The arithmetic is the same formula in fp32, rounded
-once to the activations' dtype; the backward is autograd's of that formula, compiled, not the
-hand-written one of norms.py, so the bits differ from a run without the flag.
+In eager mode each is a chain of ops, each a pass over its tensor, on every query and key of every
+attention and on the largest tensor of an update. Compiled, the chain becomes a loop that reads its
+inputs once: `bash scripts/benchmark.sh kernels` times both, docs/performance.md gives the update.
+The arithmetic is the same formula in fp32, rounded once to the activations' dtype; the backward is
+autograd's of that formula, compiled, not the hand-written one of norms.py, so the bits differ from
+a run without the flag.
 
 Dropout stays out: Inductor's CPU random numbers are slow to draw (torch's dropout through
-torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md).
-Shapes are marked dynamic (batches differ in length and size): each function compiles once, plus
-once per layout it meets (a contiguous query and a permuted one), a few seconds each, the first
-time only (Inductor caches them on disk). Validation and decoding stay eager.
+torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are
+marked dynamic (batches differ in length and size): each function compiles once, plus once per
+layout it meets (a contiguous query and a permuted one), a few seconds each, the first time only
+(Inductor caches them on disk). Validation and decoding stay eager.
 """
 import shutil
 
 import torch
 
+from .attention import power_floor
+
 COMPILERS = ("g++", "c++", "clang++")
+
+
+def has_compiler():
+    """Whether a C++ compiler Inductor can use for a CPU is on PATH."""
+    return any(map(shutil.which, COMPILERS))
 
 
 def check_compiler(device):
     """Inductor compiles C++ for a CPU: the one-line error where no compiler is found."""
-    if torch.device(device).type == "cpu" and not any(map(shutil.which, COMPILERS)):
-        raise RuntimeError("--fused-kernels compiles C++ loops with torch.compile, and no C++ compiler "
-                           f"({', '.join(COMPILERS)}) is on PATH: install one (apt install g++) or train without "
-                           "--fused-kernels")
+    if torch.device(device).type == "cpu" and not has_compiler():
+        raise ValueError("--fused-kernels compiles C++ loops with torch.compile, and no C++ compiler "
+                         f"({', '.join(COMPILERS)}) is on PATH: install one (apt install g++) or train without "
+                         "--fused-kernels")
 
 
 def _compiled(fn):
@@ -48,12 +55,11 @@ def _acc(x):
 
 
 def _lp_normalize(x, p: float, eps: float):
-    # x / max(||x||_p, eps) in fp32, rounded once to x's dtype. The floor is put on the sum of powers,
-    # as attention.lp_normalize does for p != 2: through a floored norm a zero vector's gradient is NaN
+    # x / max(||x||_p, eps) in fp32, rounded once to x's dtype; for p = 2 too the floor is on the sum
+    # of squares (attention.power_floor), as the eager path's is for other p
     xf = _acc(x)
     powered = xf.square() if p == 2 else xf.abs().pow(p)
-    floor = max(eps ** p, torch.finfo(torch.float32).tiny)
-    return (xf * powered.sum(dim=-1, keepdim=True).clamp(min=floor).pow(-1.0 / p)).to(x.dtype)
+    return (xf * powered.sum(dim=-1, keepdim=True).clamp(min=power_floor(eps, p)).pow(-1.0 / p)).to(x.dtype)
 
 
 def _loss_statistics(logits, target, forbidden):

@@ -15,7 +15,6 @@ warm-up call, outside the times). Prints (and with --out
 writes OUT.md) the median microseconds per call, forward and forward + backward, and the ratio to
 the reference.
 """
-import shutil
 import statistics
 import sys
 import time
@@ -76,7 +75,7 @@ def run(opts):
                (opts.tokens, opts.vocab), bf16),
               ("fused loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False)[0],
                "log_softmax loss bf16", (opts.tokens, opts.vocab), bf16)]
-    if any(map(shutil.which, fused_kernels.COMPILERS)):
+    if fused_kernels.has_compiler():
         compiled_dropout = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.4), dynamic=True)
         cases += [("compiled torch dropout bf16", compiled_dropout, "fast_dropout bf16", (opts.tokens, 4 * d), bf16),
                   ("fused_kernels loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, True)[0],
