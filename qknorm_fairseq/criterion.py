@@ -131,12 +131,13 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
         rows, types = logits.shape
         c_nll = (grad_loss * gold + grad_nll) * live
         c_smooth = grad_loss * eps_i * keep
+        c_softmax = c_nll + n * c_smooth
         if ctx.kernels:
             from .fused_kernels import loss_gradient
 
-            grad = loss_gradient(logits, lse, c_nll + n * c_smooth, target, c_nll, c_smooth, weights)
+            grad = loss_gradient(logits, lse, c_softmax, target, c_nll, c_smooth, weights)
             return grad, None, None, None, None, None, None
-        c_softmax = (c_nll + n * c_smooth)[:, None]
+        c_softmax = c_softmax[:, None]
         grad = torch.empty_like(logits)
         in_place = grad.dtype == lse.dtype  # fp32 logits: the block is computed where it is returned
         for b in _row_blocks(rows, types):

@@ -11,9 +11,8 @@ heads, 24, dim / heads), each in fp32 and bf16; --fused-loss's label-smoothed lo
 criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab); --fused-kernels' compiled
 normalisation (bf16, p = 2) and loss against their eager paths, and torch's dropout through
 torch.compile against --fast-dropout's, where a C++ compiler is found (the compiling falls in the
-warm-up call, outside the times). Prints (and with --out
-writes OUT.md) the median microseconds per call, forward and forward + backward, and the ratio to
-the reference.
+warm-up call, outside the times). Prints (and with --out writes OUT.md) the median microseconds per
+call, forward and forward + backward, and the ratio to the reference.
 """
 import statistics
 import sys
@@ -30,7 +29,7 @@ def run(opts):
     from fairseq.modules import LayerNorm
 
     from qknorm_fairseq import fused_kernels
-    from qknorm_fairseq.attention import NormAttention, lp_normalize
+    from qknorm_fairseq.attention import EPS, NormAttention, lp_normalize
     from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
     from qknorm_fairseq.fast_dropout import fast_dropout
     from qknorm_fairseq.norms import RMSNorm, ScaleNorm
@@ -81,7 +80,7 @@ def run(opts):
                   ("fused_kernels loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, True)[0],
                    "fused loss bf16", (opts.tokens, opts.vocab), bf16)]
         if 2 in opts.p:
-            cases += [("fused_kernels lp_normalize p=2 bf16", lambda x: fused_kernels.lp_normalize(x, 2.0, 1e-6),
+            cases += [("fused_kernels lp_normalize p=2 bf16", lambda x: fused_kernels.lp_normalize(x, 2.0, EPS),
                        "lp_normalize p=2 bf16", (opts.tokens, opts.heads, hd), bf16)]
     else:
         print(f"no C++ compiler ({', '.join(fused_kernels.COMPILERS)}) on PATH: --fused-kernels' compiled kernels left out",

@@ -60,10 +60,10 @@ FAMILIES = {
     "dropout": ("bernoulli_", "native_dropout", "native_dropout_backward"),
 }
 ELEMENTWISE = "elementwise and copies"  # every other ATen op: casts, residuals, masks, activations
-# whole regions of an update, everything inside them (Python and non-ATen work too)
 # --fused-kernels' loops, compiled by torch.compile: the self time of the profiler's event around each
 # compiled graph (an op the graph calls, a matrix product say, is its own ATen event)
 COMPILED, COMPILED_EVENT = "compiled loops", "## Call CompiledFxGraph"
+# whole regions of an update, everything inside them (Python and non-ATen work too)
 OPTIMIZER = "optimizer and clip"
 REGIONS = {"clip": OPTIMIZER, "step": OPTIMIZER, "keep_mask": "dropout"}
 FRAMEWORK = "framework"
