@@ -194,6 +194,8 @@ class Cpu:
     # (MKL's code path differs between Intel's and AMD's).
     threads: Optional[int] = ranged(None, at_least=1)  # OMP_NUM_THREADS and MKL_NUM_THREADS
     isa: Optional[str] = None               # e.g. avx2: ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA
+    fast: Dict[str, Any] = field(default_factory=dict)       # train.sh --fast: fairseq flags
+    fast_bf16: Dict[str, Any] = field(default_factory=dict)  # train.sh --fast in bf16: these too
 
 
 @dataclass
@@ -510,6 +512,11 @@ def generate_args(cfg, data_bin=None):
     return ["--user-dir", USER_DIR, "--task", "translation_qk", "--source-lang", cfg.src,
             "--target-lang", cfg.tgt, "--beam", str(dec.beam), "--max-len-a", f"{dec.max_len_a:g}",
             "--max-len-b", str(dec.max_len_b), *decode_args(dec), "--remove-bpe", remove_bpe(cfg, data_bin)]
+
+
+def fast_args(cfg, precision):
+    """train.sh --fast on a CPU: the recipe's cpu.fast flags, and cpu.fast_bf16's too in bf16."""
+    return flag_args({**cfg.cpu.fast, **(cfg.cpu.fast_bf16 if precision == "bf16" else {})})
 
 
 def cpu_env(cfg, environ=None):

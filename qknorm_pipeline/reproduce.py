@@ -1,7 +1,7 @@
 """One command from nothing to a BLEU table: download -> prepare -> train -> evaluate -> table -> plots.
 
 usage: bash scripts/reproduce.sh [PAIR] [--systems "S1 S2 ..."] [--seeds N] [--gpus N]
-                                 [--precision fp32|fp16|bf16] [--verbose] [-- extra fairseq-train flags]
+                                 [--precision fp32|fp16|bf16] [--fast] [--verbose] [-- extra fairseq-train flags]
        (python -m qknorm_pipeline.reproduce takes the same arguments)
 
   PAIR (or --pair PAIR)   gl-en sk-en ar-en en-he en-vi (downloads the data; needs internet),
@@ -147,6 +147,7 @@ def parser():
                         "seeds and sentences (docs/training.md)")
     p.add_argument("--gpus", type=int, help="go to scripts/train.sh: N GPU processes, the papers' update size kept")
     p.add_argument("--precision", help=f"goes to scripts/train.sh: {', '.join(recipes.PRECISIONS)}")
+    p.add_argument("--fast", action="store_true", help="goes to scripts/train.sh: a CPU's fast path")
     p.add_argument("--verbose", action="store_true", help="every tool's whole output instead of one line per "
                                                           "stage (= VERBOSE=1)")
     p.add_argument("extra", nargs="*", default=[], help="after --: extra fairseq-train flags for every run")
@@ -158,7 +159,7 @@ def run(a):
         raise UsageError(f"--seeds must be a positive integer, got {a.seeds}")
     if a.verbose:
         os.environ["VERBOSE"] = "1"
-    opts = {k: v for k, v in (("gpus", a.gpus), ("precision", a.precision)) if v is not None}
+    opts = {k: v for k, v in (("gpus", a.gpus), ("precision", a.precision), ("fast", a.fast or None)) if v is not None}
     reproduce(one_pair(a, default="demo"), a.systems.split() if a.systems else None, a.seeds, opts, a.extra)
 
 

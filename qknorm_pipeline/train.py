@@ -42,6 +42,7 @@ class Options:
     """train.sh's options (see its --help)."""
 
     precision: str = "fp32"
+    fast: bool = False
     schedule: str = None
     stopping: str = None
     paper_qknorm_length: bool = False
@@ -129,6 +130,7 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
         launcher += ["-m"]
         args += dist
     env = dict(os.environ)
+    check_fast(opts)
     if opts.gpus or hardware.has_gpu():  # --gpus: a dry run on a machine without GPUs prints the GPU command
         args += [] if opts.precision == "fp32" else [f"--{opts.precision}"]
         if cfg.gpu.max_tokens_valid:
@@ -139,7 +141,8 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
         if check:
             check_cpu_precision(opts.precision, env)
         args += ["--cpu"] + ([] if opts.precision == "fp32" else ["--bf16"])
-        device = f"CPU ({opts.precision})"
+        args += recipes.fast_args(cfg, opts.precision) if opts.fast else []
+        device = f"CPU ({opts.precision}{', fast path' if opts.fast else ''})"
     args += opts.extra
     return _run(pair, system, name, [*launcher, ENTRY, *args], args, save_dir, where, device, env, split)
 
@@ -314,6 +317,7 @@ def train(run, python_warnings="show"):
 def check_options(opts):
     """A usage error for options that cannot go together or are out of range, before any work."""
     check_precision(opts.precision)
+    check_fast(opts)
     for flag, value in (("--gpus", opts.gpus), ("--max-tokens-per-gpu", opts.max_tokens_per_gpu),
                         ("--nodes", opts.nodes)):
         if value is not None and value < 1:
@@ -333,6 +337,12 @@ def check_options(opts):
                              f"got {opts.master!r}")
 
 
+def check_fast(opts):
+    if opts.fast and (opts.gpus or hardware.has_gpu()):
+        raise UsageError("--fast is the CPU's fast path; on a GPU the recipe as it is trains fastest "
+                         "(docs/performance.md): drop --fast")
+
+
 def check_precision(precision):
     if precision not in recipes.PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(recipes.PRECISIONS)}, got {precision!r}")
@@ -348,6 +358,9 @@ def parser():
                                                        "on a CPU bf16 where it has native bf16 instructions "
                                                        "(AVX512-BF16, AMX), else an error; a warning where "
                                                        "bf16 still multiplies slower than fp32")
+    p.add_argument("--fast", action="store_true",
+                   help="on a CPU, the fast path: the flags of the config's cpu.fast (and cpu.fast_bf16 with "
+                        "--precision bf16), which change the bits of a run, not its recipe (docs/performance.md)")
     p.add_argument("--schedule", help=f"LR schedule from the config's schedules: ({', '.join(base.schedules)}); "
                                       "default: the config's train.schedule")
     p.add_argument("--stopping", help=f"stopping rule from the config's stopping: ({', '.join(base.stopping)}); "
@@ -387,7 +400,7 @@ def run(a, own_options=()):
                              "them go to fairseq-train")
     if a.verbose:
         os.environ["VERBOSE"] = "1"
-    opts = Options(a.precision, a.schedule, a.stopping, a.paper_qknorm_length, a.seed, a.name, a.gpus,
+    opts = Options(a.precision, a.fast, a.schedule, a.stopping, a.paper_qknorm_length, a.seed, a.name, a.gpus,
                    a.max_tokens_per_gpu, a.nodes, a.node_rank, a.master, a.words[2:])
     check_options(opts)
     r = plan(a.words[0], a.words[1], opts)

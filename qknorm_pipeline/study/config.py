@@ -107,6 +107,7 @@ class Study:
     lr_multipliers: List[float] = field(default_factory=list)
     lr_grid: List[float] = field(default_factory=list)  # peak LRs: seed 1 at each, seeds 2.. at the best
     precision: str = "fp32"  # train.sh --precision of every run (stock rows: fairseq's --bf16 or --fp16)
+    fast: bool = False  # train.sh --fast for our rows (a CPU only; stock rows cannot take those flags)
     optimizer: Optional[str] = None  # our rows' --optimizer; None: the pair recipe's
     claims: List[Claim] = field(default_factory=list)  # the report tests each (stats.claim_tests)
     closed: bool = False  # no more runs: study.sh trains none, the report lists those not recorded as not run

@@ -423,11 +423,12 @@ def wall_section(r):
 
 def markdown(r: StudyReport):
     cfg, m = r.cfg, r.cfg.model
+    fast = " (ours on the fast path, train.sh --fast)" if cfg.fast else ""
     lines = [f"# {cfg.name}: TED gl→en, {len(r.rows)} systems", "",
              f"Command: `{r.command}`  ", f"Report built on: {machine()} (the runs' machines: Training wall time)  ",
              f"Date: {datetime.now().astimezone().isoformat(timespec='seconds')}  ",
              f"Settings: {cfg.config}; d = {m.embed_dim}, {m.layers}+{m.layers} layers, {m.heads} heads, ffn "
-             f"{m.ffn_dim}; {r.max_update} updates of at most 4,096 tokens in {cfg.precision}; warmup {r.warmup}; greedy "
+             f"{m.ffn_dim}; {r.max_update} updates of at most 4,096 tokens in {cfg.precision}{fast}; warmup {r.warmup}; greedy "
              f"dev BLEU every {r.interval} updates picks checkpoint_best.pt; test: beam 4, GNMT α 0.6, the TwT search, "
              f"for every system. Data: {corpus.describe(cfg)} (its own split, not the papers').  ", r.coverage, ""]
     lines += summary_section(r)

@@ -41,7 +41,7 @@ def plan(cfg, run, rec, where, max_update=None, check=True):
     pair = cfg.pair
     if not run.stock:
         ours = cfg.systems[run.system]
-        opts = train_step.Options(precision=cfg.precision, seed=run.seed, stopping=ours.stopping, schedule=cfg.schedule,
+        opts = train_step.Options(precision=cfg.precision, fast=cfg.fast, seed=run.seed, stopping=ours.stopping, schedule=cfg.schedule,
                                   name=run.name, extra=config.train_flags(cfg, run, rec, max_update))
         return train_step.plan(pair, run.system, opts, where, recipe=rec, check=check)
     data_bin, save_dir = os.path.join(where.data_bin, pair), os.path.join(where.ckpt, pair, run.name)

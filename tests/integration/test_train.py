@@ -157,3 +157,72 @@ def test_a_run_being_trained_is_refused_beside_it(tmp_path):
         with pytest.raises(UserError) as e:
             train.train(other)  # `false` stands for the training: it fails, but past the lock
     assert "is being trained by another process" not in str(e.value) and (save / ".command").exists()
+
+
+def test_train_sh_fast_adds_the_configs_fast_path_and_trains(tiny_data, tmp_path):
+    """--fast: the flags of base.yaml's cpu.fast after the recipe's (and cpu.fast_bf16's in bf16, where this
+    CPU has native bf16 and a C++ compiler), before the user's; a short real training with them."""
+    import yaml
+
+    from qknorm_fairseq import fused_kernels
+    from qknorm_pipeline import hardware, recipes
+
+    cpu = yaml.safe_load(open(os.path.join(recipes.CONFIG_DIR, "base.yaml")))["cpu"]
+    assert cpu["fast"] == {"fast_dropout": True, "fused_loss": True, "attention_kernel": "matmul",
+                           "packed_decoder": True} and cpu["fast_bf16"] == {"fused_kernels": True}
+    fast = ["--fast-dropout", "--fused-loss", "--attention-kernel", "matmul", "--packed-decoder"]
+    p = _train_sh("--dry-run", "--fast", "gl-en", "qknorm", "--max-update", "7", CKPT_DIR=str(tmp_path / "ck"))
+    args = shlex.split(p.stdout)
+    at = args.index("--cpu") + 1
+    assert p.returncode == 0 and args[at:] == [*fast, "--max-update", "7"], p.stderr
+    ns = _parse(args[3:])
+    assert (ns.fast_dropout, ns.fused_loss, ns.attention_kernel, ns.packed_decoder, ns.fused_kernels) == (
+        True, True, "matmul", True, False)
+
+    shutil.copytree(tiny_data / "bin", tmp_path / "data-bin" / "demo")
+    roots = dict(DATA_BIN=str(tmp_path / "data-bin"), CKPT_DIR=str(tmp_path / "ck"), LOG_DIR=str(tmp_path / "logs"))
+    bf16 = hardware.cpu_has_bf16() and fused_kernels.has_compiler()
+    precision = ["--precision", "bf16"] if bf16 else []
+    extra = ["--max-update", "3", "--disable-validation", "--num-workers", "0", "--max-tokens", "512"]
+    p = _train_sh(*precision, "--fast", "demo", "qknorm", *extra, **roots)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"on CPU ({'bf16' if bf16 else 'fp32'}, fast path)" in p.stderr
+    # the run's command as train.sh records it (one --max-tokens, first; no --cpu)
+    command = shlex.split((tmp_path / "ck" / "demo" / "qknorm" / ".command").read_text())
+    assert ("--bf16" in command) == bf16
+    assert command[command.index("--fast-dropout"):] == [*fast, *(["--fused-kernels"] if bf16 else []), *extra[:-2]]
+    assert 'num_updates": "3"' in (tmp_path / "logs" / "demo" / "qknorm" / "train.log").read_text()
+
+
+def test_train_sh_fast_on_a_gpu_is_refused():
+    p = _train_sh("--dry-run", "--fast", "--gpus", "1", "gl-en", "qknorm")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "[train] error: --fast is the CPU's fast path; on a GPU the recipe as it is trains fastest "
+        "(docs/performance.md): drop --fast (see bash scripts/train.sh --help)"], p.stderr
+
+
+def test_every_system_trains_on_the_fast_path(tiny_data):
+    """Each system of base.yaml, built with the fast path's flags (bf16's too where a C++ compiler is
+    found), takes a training step: finite loss and gradients."""
+    import torch
+
+    from qknorm_fairseq import fused_kernels
+    from qknorm_fairseq.criterion import MaskedLabelSmoothedCrossEntropyCriterion
+    from qknorm_pipeline import recipes
+
+    from helpers import build
+
+    cfg = recipes.base()
+    precision = "bf16" if fused_kernels.has_compiler() else "fp32"
+    for name, system in cfg.systems.items():
+        positions = ["--positions", system.positions.value] if system.positions else []
+        model, task = build(tiny_data / "bin", system.arch, *positions, *recipes.fast_args(cfg, precision))
+        criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
+                                                             fused_loss=True)
+        task.load_dataset("train")
+        data = task.dataset("train")
+        model.train()
+        loss, _, _ = criterion(model, data.collater([data[i] for i in range(8)]))
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads), name

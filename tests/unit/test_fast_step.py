@@ -390,3 +390,13 @@ def test_bf16_probe_times_this_cpu_once(monkeypatch):
     monkeypatch.setattr(hardware, "BF16_PROBE", "raise SystemExit('no bf16 kernels here')")
     with pytest.raises(UserError, match=r"the bf16 speed probe failed \(no bf16 kernels here\)"):
         hardware.cpu_bf16_speedup()
+
+
+def test_reproduce_sh_fast_reaches_every_training(monkeypatch):
+    from qknorm_pipeline import reproduce
+
+    seen = []
+    monkeypatch.setattr(reproduce, "reproduce", lambda pair, systems, seeds, opts, extra: seen.append(opts))
+    reproduce.main(["demo", "--fast", "--precision", "bf16"])
+    reproduce.main(["demo"])
+    assert seen == [{"precision": "bf16", "fast": True}, {}]

@@ -250,6 +250,31 @@ def test_norm_study_trains_every_system_under_one_recipe(tmp_path, monkeypatch):
             assert "--positions" not in flags and "--decay-stop-lr" not in flags
 
 
+def test_fast_puts_our_rows_on_the_cpus_fast_path(tmp_path, monkeypatch):
+    """fast: true gives our rows train.sh --fast (cpu.fast of base.yaml, and cpu.fast_bf16 in bf16); the stock
+    rows, which cannot take our flags, train as before; and on a GPU --fast is refused."""
+    monkeypatch.setattr(hardware, "has_gpu", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(hardware, "cpu_bf16_speedup", lambda env=None: 2.0)
+    fast = tmp_path / "fast.yaml"
+    fast.write_text(open(NORM).read().replace("precision: bf16", "precision: bf16\nfast: true"))
+    cfg = config.load(str(fast))
+    rec = config.recipe(cfg)
+    where = Folders(*(str(tmp_path / d) for d in ("data", "data-bin", "ckpt", "logs", "results")))
+    runs = config.runs(cfg, ["qknorm", "fairseq_transformer"], seeds=1)
+    for run in runs:
+        planned = study_runs.plan(cfg, run, rec, where)
+        _, flags = _last(planned.fairseq_args)
+        fast_flags = {"--fast-dropout", "--fused-loss", "--packed-decoder", "--fused-kernels"}
+        assert (fast_flags & flags) == (set() if run.stock else fast_flags), run.name
+        assert planned.where == ("CPU (bf16)" if run.stock else "CPU (bf16, fast path)")
+    plain = study_runs.plan(config.load(NORM), runs[0], rec, where).fairseq_args
+    assert "--fast-dropout" not in plain
+    monkeypatch.setattr(hardware, "has_gpu", lambda: True)
+    with pytest.raises(train_step.UsageError, match="^--fast is the CPU's fast path"):
+        study_runs.plan(cfg, next(r for r in runs if not r.stock), rec, where)
+
+
 def test_precision_is_checked_and_fp32_adds_no_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "has_gpu", lambda: True)
     cfg = config.load(CONFIG)
