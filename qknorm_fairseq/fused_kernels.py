@@ -1,5 +1,6 @@
 """`--fused-kernels`: QKNorm's normalisation and --fused-loss's two passes over the logits, each
-compiled once by torch.compile (Inductor) into one loop over memory, in training only.
+compiled once by torch.compile (Inductor) into one loop over memory, in training only; and
+`--fused-adam` (multi_tensor_adam's): the gradient's scaling and Adam's update, likewise one loop.
 
 In eager mode each is a chain of ops, each a pass over its tensor, on every query and key of every
 attention and on the largest tensor of an update. Compiled, the chain becomes a loop that reads its
@@ -28,22 +29,22 @@ def has_compiler():
     return any(map(shutil.which, COMPILERS))
 
 
-def check_compiler(device):
+def check_compiler(device, flag="--fused-kernels"):
     """Inductor compiles C++ for a CPU: the one-line error where no compiler is found."""
     if torch.device(device).type == "cpu" and not has_compiler():
-        raise ValueError("--fused-kernels compiles C++ loops with torch.compile, and no C++ compiler "
+        raise ValueError(f"{flag} compiles C++ loops with torch.compile, and no C++ compiler "
                          f"({', '.join(COMPILERS)}) is on PATH: install one (apt install g++) or train without "
-                         "--fused-kernels")
+                         f"{flag}")
 
 
-def _compiled(fn):
+def _compiled(fn, flag="--fused-kernels"):
     """FN through torch.compile, shapes dynamic; the compiler checked at the first call (decoding a
     checkpoint trained with the flag never calls these, so needs no compiler)."""
     compiled, checked = torch.compile(fn, dynamic=True), set()
 
     def run(x, *args):
         if x.device.type not in checked:
-            check_compiler(x.device)
+            check_compiler(x.device, flag)
             checked.add(x.device.type)
         return compiled(x, *args)
 
@@ -78,6 +79,19 @@ def _loss_gradient(logits, lse, c_softmax, target, c_nll, c_smooth, weights):
     return g.to(logits.dtype)
 
 
+def _adam_update(p, grad, exp_avg, exp_avg_sq, factor, step_size, beta1: float, beta2: float, eps: float,
+                 decay: float):
+    # optimizer.py's formula on one fp32 tensor, in place: the gradient first times FACTOR (fairseq's
+    # deferred clipping and unscaling), then the moments, the decoupled weight decay and the step
+    g = grad.float() * factor
+    exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    if decay != 0:
+        p.add_(p, alpha=-decay)
+    p.sub_(exp_avg / (exp_avg_sq.sqrt() + eps) * step_size)  # STEP_SIZE a tensor: no recompiling as the LR moves
+
+
 lp_normalize = _compiled(_lp_normalize)
 loss_statistics = _compiled(_loss_statistics)
 loss_gradient = _compiled(_loss_gradient)
+adam_update = _compiled(_adam_update, "--fused-adam")

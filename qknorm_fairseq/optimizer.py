@@ -27,20 +27,26 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
+from . import fused_kernels
+
 
 @dataclass
 class MultiTensorAdamConfig(FairseqDataclass):
     adam_betas: Any = field(default=(0.9, 0.999), metadata={"help": "betas for the Adam optimizer"})
     adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for the Adam optimizer"})
     weight_decay: float = field(default=0.0, metadata={"help": "decoupled weight decay, as fairseq's adam"})
+    fused_adam: bool = field(default=False, metadata={
+        "help": "the update as one loop per tensor compiled by torch.compile (a C++ compiler on a CPU), with "
+                "--bf16's clipping and unscaling folded in: the same formula, other rounding"})
     lr: List[float] = II("optimization.lr")
 
 
 class MultiTensorAdam(torch.optim.Optimizer):
     """fairseq's Adam update (fairseq/optim/adam.py) with torch._foreach_* operations."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.fused = fused
 
     @property
     def supports_memory_efficient_fp16(self):
@@ -51,7 +57,8 @@ class MultiTensorAdam(torch.optim.Optimizer):
         return True
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, scale=None):
+        """SCALE (fused only): the gradients are SCALE times the true ones (fairseq's step with scale)."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             # one multi-tensor call per (device, dtype) and step count (all equal unless a
@@ -74,6 +81,9 @@ class MultiTensorAdam(torch.optim.Optimizer):
                 buckets[(p.device, state["step"])].append(p)
             beta1, beta2 = group["betas"]
             for (_, step), ps in buckets.items():
+                if self.fused:
+                    self._fused_step(group, step, ps, scale)
+                    continue
                 grads = [p.grad.float() for p in ps]
                 exp_avgs = [self.state[p]["exp_avg"] for p in ps]
                 exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in ps]
@@ -89,12 +99,28 @@ class MultiTensorAdam(torch.optim.Optimizer):
                 torch._foreach_addcdiv_(ps, exp_avgs, denom, value=-step_size)
         return loss
 
+    def _fused_step(self, group, step, ps, scale):
+        beta1, beta2 = group["betas"]
+        factor = torch.as_tensor(1.0 if scale is None else 1.0 / scale, dtype=torch.float32)
+        step_size = torch.tensor(group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step))
+        for p in ps:
+            state = self.state[p]
+            fused_kernels.adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], factor.to(p.device),
+                                      step_size.to(p.device), beta1, beta2, group["eps"],
+                                      group["weight_decay"] * group["lr"])
+
 
 @register_optimizer("multi_tensor_adam", dataclass=MultiTensorAdamConfig)
 class FairseqMultiTensorAdam(FairseqOptimizer):
     def __init__(self, cfg: MultiTensorAdamConfig, params):
         super().__init__(cfg)
-        self._optimizer = MultiTensorAdam(params, **self.optimizer_config)
+        self._optimizer = MultiTensorAdam(params, **self.optimizer_config, fused=getattr(cfg, "fused_adam", False))
+
+    @property
+    def supports_step_with_scale(self):
+        # fairseq's FP16Optimizer then passes its clipping and unscaling factor to step() instead
+        # of multiplying every gradient by it first: one pass less
+        return self._optimizer.fused
 
     @property
     def optimizer_config(self):

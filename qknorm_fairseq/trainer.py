@@ -47,6 +47,17 @@ class FlatBF16Optimizer(FP16Optimizer):
         self._master = [t.view_as(p) for t, p in zip(fp32_params.data.split(sizes), params)]
         self._master_grads = [t.view_as(p) for t, p in zip(fp32_params.grad.split(sizes), params)]
 
+    @property
+    def supports_step_with_scale(self):
+        # read by fairseq's FP16Optimizer.step (getattr): pass the factor to an optimizer that takes it
+        return self.fp32_optimizer.supports_step_with_scale
+
+    def step(self, closure=None, groups=None):
+        super().step(closure, groups)
+        # fairseq resets the factor where it multiplies the gradients by it (_unscale_grads), which a
+        # step with scale skips: without this, every update's clipping would compound into the next
+        self._multiply_factor = 1.0
+
     def _sync_fp16_grads_to_fp32(self):
         if self._needs_sync:
             pairs = [(g32, p.grad) for p, g32 in zip(self.fp16_params, self._master_grads) if p.grad is not None]

@@ -142,6 +142,10 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
             check_cpu_precision(opts.precision, env)
         args += ["--cpu"] + ([] if opts.precision == "fp32" else ["--bf16"])
         args += recipes.fast_args(cfg, opts.precision) if opts.fast else []
+        optimizer = last_value(args + opts.extra, "--optimizer", None)
+        if opts.fast and "--fused-adam" in args and optimizer != "multi_tensor_adam":
+            raise UsageError(f"--fast with --precision bf16 adds --fused-adam, an option of --optimizer multi_tensor_adam, "
+                             f"not of --optimizer {optimizer}: drop --optimizer {optimizer}, or --fast")
         device = f"CPU ({opts.precision}{', fast path' if opts.fast else ''})"
     args += opts.extra
     return _run(pair, system, name, [*launcher, ENTRY, *args], args, save_dir, where, device, env, split)

@@ -120,3 +120,6 @@ def test_errors(tiny_data, monkeypatch):
     first_call = fused_kernels._compiled(lambda x: x + 1)
     with pytest.raises(ValueError, match=r"no C\+\+ compiler \(g\+\+, c\+\+, clang\+\+\) is on PATH: install one"):
         first_call(torch.ones(2))
+    adam = fused_kernels._compiled(fused_kernels._adam_update, "--fused-adam")  # as fused_kernels.adam_update
+    with pytest.raises(ValueError, match=r"^--fused-adam compiles C\+\+ loops .* or train without --fused-adam$"):
+        adam(*[torch.ones(2)] * 6, 0.9, 0.98, 1e-8, 0.0)

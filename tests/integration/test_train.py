@@ -169,7 +169,7 @@ def test_train_sh_fast_adds_the_configs_fast_path_and_trains(tiny_data, tmp_path
 
     cpu = yaml.safe_load(open(os.path.join(recipes.CONFIG_DIR, "base.yaml")))["cpu"]
     assert cpu["fast"] == {"fast_dropout": True, "fused_loss": True, "attention_kernel": "matmul",
-                           "packed_decoder": True} and cpu["fast_bf16"] == {"fused_kernels": True}
+                           "packed_decoder": True} and cpu["fast_bf16"] == {"fused_kernels": True, "fused_adam": True}
     fast = ["--fast-dropout", "--fused-loss", "--attention-kernel", "matmul", "--packed-decoder"]
     p = _train_sh("--dry-run", "--fast", "gl-en", "qknorm", "--max-update", "7", CKPT_DIR=str(tmp_path / "ck"))
     args = shlex.split(p.stdout)
@@ -190,7 +190,7 @@ def test_train_sh_fast_adds_the_configs_fast_path_and_trains(tiny_data, tmp_path
     # the run's command as train.sh records it (one --max-tokens, first; no --cpu)
     command = shlex.split((tmp_path / "ck" / "demo" / "qknorm" / ".command").read_text())
     assert ("--bf16" in command) == bf16
-    assert command[command.index("--fast-dropout"):] == [*fast, *(["--fused-kernels"] if bf16 else []), *extra[:-2]]
+    assert command[command.index("--fast-dropout"):] == [*fast, *(["--fused-kernels", "--fused-adam"] if bf16 else []), *extra[:-2]]
     assert 'num_updates": "3"' in (tmp_path / "logs" / "demo" / "qknorm" / "train.log").read_text()
 
 
@@ -216,7 +216,8 @@ def test_every_system_trains_on_the_fast_path(tiny_data):
     precision = "bf16" if fused_kernels.has_compiler() else "fp32"
     for name, system in cfg.systems.items():
         positions = ["--positions", system.positions.value] if system.positions else []
-        model, task = build(tiny_data / "bin", system.arch, *positions, *recipes.fast_args(cfg, precision))
+        model, task = build(tiny_data / "bin", system.arch, *positions, "--optimizer", cfg.train.optimizer,
+                            *recipes.fast_args(cfg, precision))
         criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
                                                              fused_loss=True)
         task.load_dataset("train")

@@ -8,6 +8,7 @@ from fairseq import utils
 from fairseq.models.transformer import TransformerEncoderBase
 from omegaconf import OmegaConf
 
+from qknorm_fairseq import fused_kernels
 from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
 from qknorm_fairseq.fast_dropout import fast_dropout, keep_mask, uniform_int16
 from qknorm_fairseq.length_buckets import LengthBucketDataset, bucket_batches, bucket_bounds
@@ -17,14 +18,14 @@ from qknorm_fairseq.trainer import FlatBF16Optimizer
 from helpers import batch, build
 
 
-def _cfg(optimizer="multi_tensor_adam", lr=1e-2):
+def _cfg(optimizer="multi_tensor_adam", lr=1e-2, fused_adam=False):
     return OmegaConf.create({
         "common": {"bf16": True, "fp16_no_flatten_grads": False, "fp16_scale_window": None, "tpu": False,
                    "model_parallel_size": 1},
         "optimization": {"update_freq": [1], "lr": [lr]},
         "distributed_training": {"distributed_world_size": 1},
         "optimizer": {"_name": optimizer, "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-8, "weight_decay": 0.0,
-                      "lr": [lr]}})
+                      "lr": [lr], **({"fused_adam": True} if fused_adam else {})}})
 
 
 def _params(seed):
@@ -33,14 +34,19 @@ def _params(seed):
     return [torch.nn.Parameter(torch.randn(s, generator=g).bfloat16()) for s in shapes]
 
 
-def test_flat_bf16_master_steps_as_fairseqs_per_parameter_masters():
+@pytest.mark.parametrize("fused", [False, True], ids=["multi-tensor", "fused-adam"])
+def test_flat_bf16_master_steps_as_fairseqs_per_parameter_masters(fused):
     """fairseq's FP16Optimizer under --bf16 (one fp32 copy per parameter, its adam) and ours (one flat
-    fp32 tensor, multi_tensor_adam): the same bf16 weights and fp32 masters after clipped steps."""
+    fp32 tensor, multi_tensor_adam; with --fused-adam the clipping factor goes to its compiled step
+    instead of into the gradients): the same bf16 weights and fp32 masters after clipped steps."""
     from fairseq.optim.fp16_optimizer import FP16Optimizer
 
+    if fused and not fused_kernels.has_compiler():
+        pytest.skip("no C++ compiler on PATH: torch.compile cannot build the CPU kernels")
     ref_params, flat_params = _params(0), _params(0)
     ref = FP16Optimizer.build_optimizer(_cfg("adam"), ref_params)
-    flat = FlatBF16Optimizer.build_optimizer(_cfg(), flat_params)
+    flat = FlatBF16Optimizer.build_optimizer(_cfg(fused_adam=fused), flat_params)
+    assert flat.supports_step_with_scale == fused
     assert flat.fp32_params.numel() == sum(p.numel() for p in flat_params) and flat.fp32_params.dtype == torch.float32
     for step in range(3):
         g = torch.Generator().manual_seed(10 + step)
@@ -354,6 +360,25 @@ def test_train_sh_precision_on_a_cpu(monkeypatch, tmp_path):
     with pytest.raises(UserError, match="no native bf16 instructions .* drop --precision"):
         train.plan_stock("gl-en", "fairseq_transformer", "s", stock, "bf16", folders())
     assert "--bf16" not in train.plan_stock("gl-en", "fairseq_transformer", "s", stock, "fp32", folders()).fairseq_args
+
+
+def test_train_sh_fast_in_bf16_needs_multi_tensor_adam(monkeypatch, tmp_path):
+    """--fast's bf16 flags include --fused-adam, an option of multi_tensor_adam only: another optimizer
+    is refused in one line before anything starts."""
+    from qknorm_pipeline import train
+
+    monkeypatch.setenv("DATA_BIN", str(tmp_path))
+    monkeypatch.setattr(train.hardware, "has_gpu", lambda: False)
+    monkeypatch.setattr(train.hardware, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(train.hardware, "cpu_bf16_speedup", lambda env=None: 2.0)
+    run = train.plan("gl-en", "qknorm", train.Options(precision="bf16", fast=True))
+    assert run.fairseq_args[-2:] == ["--fused-kernels", "--fused-adam"] and run.where == "CPU (bf16, fast path)"
+    with pytest.raises(train.UsageError, match=r"^--fast with --precision bf16 adds --fused-adam, an option of "
+                                               r"--optimizer multi_tensor_adam, not of --optimizer adam: drop "
+                                               r"--optimizer adam, or --fast$"):
+        train.plan("gl-en", "qknorm", train.Options(precision="bf16", fast=True, extra=["--optimizer", "adam"]))
+    fp32 = train.plan("gl-en", "qknorm", train.Options(fast=True, extra=["--optimizer", "adam"])).fairseq_args
+    assert "--fused-adam" not in fp32 and "--packed-decoder" in fp32
 
 
 def test_bf16_slower_than_fp32_on_a_cpu_is_said_once(monkeypatch, tmp_path, capsys):

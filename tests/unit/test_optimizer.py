@@ -5,6 +5,7 @@ import pytest
 import torch
 from fairseq.optim.adam import Adam as FairseqAdamImpl
 
+from qknorm_fairseq import fused_kernels
 from qknorm_fairseq.optimizer import MultiTensorAdam
 
 
@@ -73,3 +74,27 @@ def test_a_parameter_without_gradient_is_left_alone_and_half_precision_is_refuse
     half[0].grad = torch.ones(3, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="needs fp32 parameters"):
         MultiTensorAdam(half).step()
+
+
+@pytest.mark.skipif(not fused_kernels.has_compiler(), reason="no C++ compiler on PATH: torch.compile cannot build the CPU kernels")
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_the_fused_update_equals_fairseqs_adam_with_the_gradients_scale_folded_in(weight_decay):
+    """--fused-adam: fairseq's Adam (its gradients divided by the scale first) against the compiled loop
+    given the scaled gradients and the scale, on tensors of several shapes, through an LR change."""
+    ours_p, ref_p = _params(), _params()
+    ours = MultiTensorAdam(ours_p, lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay, fused=True)
+    ref = FairseqAdamImpl(ref_p, lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay)
+    for step in range(12):
+        scale = torch.tensor(1.0 + step)  # a tensor, as fairseq's clipping factor is
+        for p, q, g in zip(ours_p, ref_p, _grads(step, ours_p)):
+            p.grad, q.grad = g * scale, g.clone()
+        if step == 6:
+            for opt in (ours, ref):
+                opt.param_groups[0]["lr"] = 1e-3
+        ours.step(scale=scale)
+        ref.step()
+        for p, q in zip(ours_p, ref_p):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-12)
+    for p, q in zip(ours_p, ref_p):
+        assert ours.state[p]["step"] == ref.state[q]["step"] == 12
+        torch.testing.assert_close(ours.state[p]["exp_avg"], ref.state[q]["exp_avg"], rtol=1e-5, atol=1e-12)
