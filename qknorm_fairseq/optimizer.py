@@ -27,8 +27,6 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
-from . import fused_kernels
-
 
 @dataclass
 class MultiTensorAdamConfig(FairseqDataclass):
@@ -100,12 +98,14 @@ class MultiTensorAdam(torch.optim.Optimizer):
         return loss
 
     def _fused_step(self, group, step, ps, scale):
+        from .fused_kernels import adam_update  # imported only here: it imports torch._dynamo (2 s)
+
         beta1, beta2 = group["betas"]
         factor = torch.as_tensor(1.0 if scale is None else 1.0 / scale, dtype=torch.float32)
         step_size = torch.tensor(group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step))
         for p in ps:
             state = self.state[p]
-            fused_kernels.adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], factor.to(p.device),
+            adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], factor.to(p.device),
                                       step_size.to(p.device), beta1, beta2, group["eps"],
                                       group["weight_decay"] * group["lr"])
 
