@@ -105,9 +105,8 @@ class MultiTensorAdam(torch.optim.Optimizer):
         step_size = torch.tensor(group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step))
         for p in ps:
             state = self.state[p]
-            adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], factor.to(p.device),
-                                      step_size.to(p.device), beta1, beta2, group["eps"],
-                                      group["weight_decay"] * group["lr"])
+            adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], factor.to(p.device), step_size.to(p.device),
+                        beta1, beta2, group["eps"], group["weight_decay"] * group["lr"])
 
 
 @register_optimizer("multi_tensor_adam", dataclass=MultiTensorAdamConfig)

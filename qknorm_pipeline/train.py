@@ -143,7 +143,7 @@ def plan(pair, system, opts, where=None, recipe=None, check=True):
         args += ["--cpu"] + ([] if opts.precision == "fp32" else ["--bf16"])
         args += recipes.fast_args(cfg, opts.precision) if opts.fast else []
         optimizer = last_value(args + opts.extra, "--optimizer", None)
-        if opts.fast and "--fused-adam" in args and optimizer != "multi_tensor_adam":
+        if "--fused-adam" in args and optimizer != "multi_tensor_adam":  # only --fast adds it here
             raise UsageError(f"--fast with --precision bf16 adds --fused-adam, an option of --optimizer multi_tensor_adam, "
                              f"not of --optimizer {optimizer}: drop --optimizer {optimizer}, or --fast")
         device = f"CPU ({opts.precision}{', fast path' if opts.fast else ''})"
