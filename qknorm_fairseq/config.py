@@ -65,7 +65,8 @@ class QKNormConfig(FairseqDataclass):
         default=False, metadata={"help": "dropout masks from 16-bit random draws (on a CPU numpy's PCG64DXSM, "
                                          "seeded from torch's generator at every mask) instead of torch's "
                                          "bernoulli_ (faster: benchmark.sh kernels); the same distribution, another "
-                                         "random stream (qknorm_fairseq/fast_dropout.py)"})
+                                         "random stream; a residual's dropout and addition in one op (one rounding), "
+                                         "ReLU and its dropout in one autograd function (qknorm_fairseq/fast_dropout.py)"})
     attention_kernel: ChoiceEnum(["sdpa", "matmul"]) = field(
         default="sdpa", metadata={"help": "softmax attention through torch's scaled_dot_product_attention (sdpa: "
                                           "fused kernels) or as matmul, softmax, matmul (on a CPU in bf16 0.17x sdpa's "

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .sublayers import feed_forward, residual_sublayers
+
 # fairseq decoder features that the row forward does not implement
 LAYER_EXTRAS = ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")
 DECODER_EXTRAS = ("adaptive_softmax", "quant_noise", "project_in_dim", "project_out_dim")
@@ -145,25 +147,12 @@ class Rows:
         return [x.index_select(0, group.sentences) for group in self.groups]
 
 
-def layer_rows(layer, x, self_attention, cross_attention, feed_forward):
+def layer_rows(layer, x, self_attention, cross_attention, ffn):
     """fairseq's TransformerDecoderLayerBase.forward on rows X (N, C), each sublayer given as a
     function of its (pre-)normalised input; CROSS_ATTENTION None: the layer has none."""
-    sublayers = ((layer.self_attn_layer_norm, self_attention), (layer.encoder_attn_layer_norm, cross_attention),
-                 (layer.final_layer_norm, feed_forward))
-    for norm, sublayer in sublayers:
-        if sublayer is None:
-            continue
-        residual = x
-        if layer.normalize_before:
-            x = norm(x)
-        x = residual + layer.dropout_module(sublayer(x))
-        if not layer.normalize_before:
-            x = norm(x)
-    return x
-
-
-def feed_forward(layer, x):
-    return layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(x))))
+    return residual_sublayers(layer, x, ((layer.self_attn_layer_norm, self_attention),
+                                         (layer.encoder_attn_layer_norm, cross_attention),
+                                         (layer.final_layer_norm, ffn)))
 
 
 def decoder_rows(decoder, prev_output_tokens, encoder_out):

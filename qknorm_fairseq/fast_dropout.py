@@ -10,6 +10,11 @@ The draws: on a CPU four per 64-bit word of numpy's PCG64DXSM generator, seeded 
 torch's generator (so torch.manual_seed, which fairseq calls at every update, fixes them); on a GPU
 two per 32-bit word of that device's torch generator. The random stream differs from torch's
 dropout, so a run with the flag is not the bit-for-bit twin of one without it; off by default.
+
+Two sublayer patterns go through one autograd function each, for fewer passes over memory: the
+dropout of a sublayer's output with its residual addition (`residual + dropout(x)` as one
+addcmul, rounded once where the two ops round twice) and ReLU with the dropout after it (the same
+bits as the two ops).
 """
 import math
 
@@ -57,6 +62,38 @@ class _Dropout(torch.autograd.Function):
         return grad * mask, None
 
 
+class _DropoutAdd(torch.autograd.Function):
+    """residual + dropout(x) in one pass (addcmul): one rounding where x * mask + residual has two."""
+
+    @staticmethod
+    def forward(ctx, x, residual, p):
+        mask = keep_mask(x.shape, 1.0 - p, x.dtype, x.device)
+        ctx.save_for_backward(mask)
+        return torch.addcmul(residual, x, mask)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad * mask, grad, None
+
+
+class _ReluDropout(torch.autograd.Function):
+    """dropout(relu(x)): the mask applied in place on ReLU's output, and one backward for both, the
+    bits of the two ops (where the output is 0, either the mask or ReLU's gradient is)."""
+
+    @staticmethod
+    def forward(ctx, x, p):
+        mask = keep_mask(x.shape, 1.0 - p, x.dtype, x.device)
+        y = torch.relu(x).mul_(mask)
+        ctx.save_for_backward(y, mask)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, mask = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad * mask, y, 0), None
+
+
 def fast_dropout(x, p, training=True):
     if not training or p == 0:
         return x
@@ -66,10 +103,22 @@ def fast_dropout(x, p, training=True):
 
 
 class FastDropout(FairseqDropout):
-    """FairseqDropout with the mask drawn by fast_dropout."""
+    """FairseqDropout with the mask drawn by fast_dropout; `add` and `relu` are its two fused patterns."""
 
     def forward(self, x, inplace: bool = False):
         return fast_dropout(x, self.p, self.training or self.apply_during_inference)
+
+    def add(self, x, residual):
+        """residual + self(x)"""
+        if 0 < self.p < 1 and (self.training or self.apply_during_inference):
+            return _DropoutAdd.apply(x, residual, self.p)
+        return residual + self(x)
+
+    def relu(self, x):
+        """self(relu(x))"""
+        if 0 < self.p < 1 and (self.training or self.apply_during_inference):
+            return _ReluDropout.apply(x, self.p)
+        return self(torch.relu(x))
 
 
 def swap_dropouts(module):

@@ -25,6 +25,7 @@ from .language_embedding import add_language_embedding
 from .norms import NORMS
 from .positions import POSITIONS, build_positions
 from .smallinit import init_layer
+from .sublayers import feed_forward, residual_sublayers
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,17 @@ class QKEncoderLayer(TransformerEncoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg):
         return _attention(cfg, embed_dim, cfg.encoder.attention_heads, cfg.encoder_attention, self_attention=True)
+
+    def forward(self, x, encoder_padding_mask, attn_mask=None):
+        if not hasattr(self.dropout_module, "add") or attn_mask is not None or self.return_fc:
+            return super().forward(x, encoder_padding_mask, attn_mask)
+
+        # fairseq's forward, as sublayers: --fast-dropout's fused passes (sublayers.py)
+        def attend(h):
+            return self.self_attn(query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False)[0]
+
+        return residual_sublayers(self, x, ((self.self_attn_layer_norm, attend),
+                                            (self.final_layer_norm, lambda h: feed_forward(self, h))))
 
 
 class QKDecoderLayer(TransformerDecoderLayerBase):

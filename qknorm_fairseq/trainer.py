@@ -46,6 +46,7 @@ class FlatBF16Optimizer(FP16Optimizer):
         sizes = [p.numel() for p in params]
         self._master = [t.view_as(p) for t, p in zip(fp32_params.data.split(sizes), params)]
         self._master_grads = [t.view_as(p) for t, p in zip(fp32_params.grad.split(sizes), params)]
+        self._master_grads_stale = False  # True from zero_grad to the next sync (it zeroes no memory)
 
     @property
     def supports_step_with_scale(self):
@@ -58,12 +59,25 @@ class FlatBF16Optimizer(FP16Optimizer):
         # step with scale skips: without this, every update's clipping would compound into the next
         self._multiply_factor = 1.0
 
+    def zero_grad(self):
+        # fairseq zeroes the whole flat master gradient here, a pass over every parameter that the
+        # copy after backward then overwrites: only what that copy does not write is zeroed, there
+        for p in self.fp16_params:
+            p.grad = None
+        self._needs_sync, self._master_grads_stale = False, True
+
     def _sync_fp16_grads_to_fp32(self):
         if self._needs_sync:
             pairs = [(g32, p.grad) for p, g32 in zip(self.fp16_params, self._master_grads) if p.grad is not None]
-            if pairs:  # a parameter without a gradient keeps the zeros of zero_grad
+            if pairs:
                 torch._foreach_copy_(*map(list, zip(*pairs)))
+            missing = [g32 for p, g32 in zip(self.fp16_params, self._master_grads) if p.grad is None]
+            if self._master_grads_stale and missing:  # no gradient since zero_grad: zeros
+                torch._foreach_zero_(missing)
             self._needs_sync = False
+        elif self._master_grads_stale:  # no backward since zero_grad
+            self.fp32_params.grad.zero_()
+        self._master_grads_stale = False
 
     @torch.no_grad()
     def _sync_fp32_params_to_fp16(self):

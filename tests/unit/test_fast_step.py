@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from qknorm_fairseq import fused_kernels
 from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
-from qknorm_fairseq.fast_dropout import fast_dropout, keep_mask, uniform_int16
+from qknorm_fairseq.fast_dropout import FastDropout, fast_dropout, keep_mask, uniform_int16
 from qknorm_fairseq.length_buckets import LengthBucketDataset, bucket_batches, bucket_bounds
 from qknorm_fairseq.optimizer import FairseqMultiTensorAdam
 from qknorm_fairseq.trainer import FlatBF16Optimizer
@@ -119,6 +119,86 @@ def test_fast_dropout_draws_are_uniform_independent_and_follow_torch_manual_seed
     x = draws.double()
     assert abs(torch.corrcoef(torch.stack([x[:-1], x[1:]]))[0, 1]) < 0.01
     assert uniform_int16(5).numel() == 5 and fast_dropout(torch.ones(0, 3), 0.4).shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pattern", ["relu", "add"])
+def test_fused_dropout_patterns_are_the_two_ops_on_the_same_mask(dtype, pattern):
+    """FastDropout.relu (dropout(relu(x))) and .add (residual + dropout(x), one addcmul) against the
+    ops they replace on the mask the same seed draws: relu bit for bit, forward and backward; add
+    to one rounding of the output's dtype, its gradients bit for bit."""
+    drop = FastDropout(0.3)
+    g = torch.Generator().manual_seed(0)
+    x, r, dy = (torch.randn(37, 24, generator=g).to(dtype) for _ in range(3))
+    runs = []
+    for fused in (True, False):
+        xs, rs = x.clone().requires_grad_(), r.clone().requires_grad_()
+        torch.manual_seed(4)
+        if fused:
+            y = drop.relu(xs) if pattern == "relu" else drop.add(xs, rs)
+        else:
+            mask = keep_mask(x.shape, 0.7, dtype)
+            y = torch.relu(xs) * mask if pattern == "relu" else rs + xs * mask
+        y.backward(dy)
+        runs.append((y.detach(), xs.grad, rs.grad))
+    (y, dx, dr), (y0, dx0, dr0) = runs
+    assert 0.6 < (mask > 0).float().mean() < 0.8 and torch.equal(dx, dx0)
+    if pattern == "relu":
+        assert torch.equal(y, y0) and dr is None
+    else:
+        assert (y - y0).abs().le(torch.finfo(dtype).eps * y0.abs().clamp(min=1)).all() and torch.equal(dr, dy)
+    drop.eval()
+    assert torch.equal(drop.add(x, r), r + x) and torch.equal(drop.relu(x), torch.relu(x))
+
+
+def test_fast_dropout_encoder_layer_is_fairseqs_forward_with_its_fused_passes(tiny_data):
+    """The encoder layer with --fast-dropout runs as sublayers (fused residual and ReLU dropouts); on
+    the masks the same seed draws it is fairseq's forward, to rounding, gradients too."""
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+    model, task = build(tiny_data / "bin", "transformer_qknorm", "--fast-dropout", "--dropout", "0.3",
+                        "--activation-dropout", "0.2", "--attention-dropout", "0.1")
+    layer = model.encoder.layers[0]
+    layer.train()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 3, 32, generator=g)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, :2] = True
+    outs = []
+    for forward in (layer.forward, lambda *a: TransformerEncoderLayerBase.forward(layer, *a)):
+        torch.manual_seed(9)
+        xi = x.clone().requires_grad_()
+        y = forward(xi, pad)
+        (y * torch.arange(y.numel()).view_as(y).sin()).sum().backward()
+        outs.append((y.detach(), xi.grad, layer.fc1.weight.grad.clone()))
+        layer.zero_grad()
+    (y, dx, dw), (y0, dx0, dw0) = outs
+    assert torch.allclose(y, y0, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(dx, dx0, rtol=1e-4, atol=1e-6) and torch.allclose(dw, dw0, rtol=1e-4, atol=1e-6)
+    assert (y != 0).any() and dw.abs().sum() > 0
+
+
+def test_flat_bf16_master_zeroes_only_what_the_gradient_copy_does_not_write():
+    """zero_grad leaves the flat master gradient as it is; the sync then writes every parameter's
+    slice: the copied gradient, or zeros for a parameter without one (as fairseq's zeroing gives),
+    and zeros throughout when no backward came."""
+    params = _params(0)
+    flat = FlatBF16Optimizer.build_optimizer(_cfg(), params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    flat._needs_sync = True
+    flat.clip_grad_norm(0.0)
+    assert flat.fp32_params.grad.eq(1).all()
+    flat.zero_grad()
+    assert flat.fp32_params.grad.eq(1).all()  # nothing written yet
+    params[0].grad, params[2].grad = torch.full_like(params[0], 2.0), torch.full_like(params[2], 3.0)
+    flat._needs_sync = True
+    flat.clip_grad_norm(0.0)
+    grads = flat._master_grads
+    assert grads[0].eq(2).all() and grads[1].eq(0).all() and grads[2].eq(3).all()
+    flat.zero_grad()
+    flat.clip_grad_norm(0.0)
+    assert flat.fp32_params.grad.eq(0).all()
 
 
 def test_fast_dropout_under_torch_compile_draws_the_eager_masks():
