@@ -12,8 +12,9 @@ keeps fairseq's Trainer. The arithmetic of an update is unchanged; what changes:
 - --bf16 master weights. fairseq keeps one fp32 copy per parameter under --bf16 (it never flattens
   bf16: a TPU choice), so every update copies, scales, clips and steps ~100 tensors one by one.
   With an optimizer that supports flat parameters (multi_tensor_adam, adam) the master here is one
-  flat fp32 tensor: gradients are copied into it with one multi-tensor copy, clipped with one norm,
-  stepped as one tensor, and copied back with one multi-tensor copy. Same formula; a checkpoint's
+  flat fp32 tensor: gradients are copied into it with one multi-tensor copy (so zero_grad leaves it
+  as it is; only a parameter without a gradient gets zeros), clipped with one norm, stepped as one
+  tensor, and copied back with one multi-tensor copy. Same formula; a checkpoint's
   optimizer state is then one flat tensor, like fairseq's flat --fp16 state.
 """
 import logging
