@@ -1,4 +1,4 @@
-"""`fairseq-train` with five fixes for the hardware people actually have.
+"""`fairseq-train` with six fixes for the hardware people actually have.
 
     python -m qknorm_pipeline.fairseq_train [fairseq-train arguments]      (what scripts/train.sh runs)
 
@@ -20,6 +20,9 @@
    than the product, and keeps the last 1,024: fewer than an epoch's batches make, so every epoch
    built them all again. The cache keeps ONEDNN_CAPACITY (docs/performance.md: speed and memory)
    unless the user set its size; a CPU run's log says which.
+6. Memory on a CPU. glibc's malloc spends a seventh of the update's main thread sorting its free
+   chunks; a CPU run starts itself again with tcmalloc or jemalloc preloaded where one is installed
+   (QKNORM_MALLOC chooses; allocator.py). Its log names the allocator.
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
 hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU; the plugin's
@@ -34,7 +37,7 @@ import signal
 import sys
 import warnings
 
-from . import hardware
+from . import allocator, hardware
 
 logger = logging.getLogger("qknorm_pipeline.fairseq_train")
 MACHINE = "machine: "
@@ -107,6 +110,8 @@ def wrap_parser(parse, argv):
         logger.info(f"{MACHINE}{hardware.machine(gpu=not getattr(ns, 'cpu', False))}")
         if getattr(ns, "cpu", False):
             logger.info("oneDNN's kernel cache: {}={} (docs/performance.md)".format(*onednn_cache()))
+            line, warn = allocator.describe()
+            (logger.warning if warn else logger.info)(line)
         return out
 
     return parse_args_and_arch
@@ -164,6 +169,11 @@ def chosen_help(argv):
 
 
 def main(argv=None):
+    if argv is None:  # started as a program: it may start again with another allocator (allocator.py)
+        try:
+            allocator.restart_with_allocator(sys.argv[1:])
+        except ValueError as e:
+            sys.exit(f"[fairseq_train] error: {e}")
     silence_noise()
     keep_onednn_kernels()
     # isort: off

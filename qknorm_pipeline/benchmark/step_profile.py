@@ -256,6 +256,13 @@ def main(argv=None):
         sys.exit("usage: python -m qknorm_pipeline.benchmark.step_profile OUT.json [--plain] [--update K] -- ARGS")
     ours, args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     out, plain = ours[0], "--plain" in ours
+    if argv == sys.argv[1:]:  # the program: the allocator the training would have (allocator.py)
+        from ..allocator import restart_with_allocator
+
+        try:
+            restart_with_allocator(args)
+        except ValueError as e:
+            sys.exit(f"[step_profile] error: {e}")
     update = int(ours[ours.index("--update") + 1]) if "--update" in ours else 6
     from fairseq.trainer import Trainer
 

@@ -6,7 +6,8 @@ Each system trains --updates updates of the pair's prepared data exactly as trai
 fairseq's `transformer` at the recipe's model size with fairseq's IWSLT recipe (configs/base.yaml
 stock:), started by the same entry point as ours
 (qknorm_pipeline.fairseq_train, which bf16 on a CPU needs), so the rows differ only in model and
-recipe. The (system, precision) runs alternate, --reps times. A run's speed is the median of
+recipe. On a CPU each row also names its memory allocator (allocator.py; --mallocs compares them side
+by side). The (system, precision, allocator) runs alternate, --reps times. A run's speed is the median of
 fairseq's own `ups` (updates/s over each --log-interval) after --warmup updates; the median of each
 epoch's `ups` is kept beside it (a GPU meets every batch shape for the first time in epoch 1 and
 pays for it there: cuDNN plans, allocator blocks, compiled graphs). Then, once per
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from datetime import datetime
 
-from .. import recipes
+from .. import allocator, recipes
 from .. import train as train_step
 from ..cli import UserError, log
 from ..fairseq_log import parse_line
@@ -54,8 +55,21 @@ def stock_command(cfg, data_bin, save_dir, gpu, precision):
     return [sys.executable, "-m", ENTRY, *recipes.stock_args(cfg, flags, data_bin, save_dir, cfg.train.seed, extra)]
 
 
+def mallocs(choices):
+    """The allocators CHOICES (QKNORM_MALLOC values) name, as the records keep them: tcmalloc,
+    jemalloc, system, or a library's path; UserError for one this machine does not have."""
+    out = []
+    for choice in choices:
+        try:
+            name, path = allocator.resolve(choice, allocator.search_dirs())
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        out.append(name if choice in allocator.CHOICES else path)
+    return out
+
+
 def commands(opts, where, scratch):
-    """{system: (command, environment)} of every system to time."""
+    """{(system, precision, allocator): (command, environment)} of every run to time."""
     data_bin = os.path.join(where.data_bin, opts.pair)
     if not any(f.startswith("dict.") for f in (os.listdir(data_bin) if os.path.isdir(data_bin) else [])):
         raise UserError(f"no prepared data in {shareable(data_bin)}: bash scripts/prepare.sh {opts.pair} first")
@@ -64,28 +78,31 @@ def commands(opts, where, scratch):
     runs = Folders(where.data, where.data_bin, os.path.join(scratch, "ckpt"), os.path.join(scratch, "logs"),
                    where.results)
     out = {}
-    for precision in opts.precisions:
-        for spec in opts.systems:
-            system, _, flags = spec.partition(":")
-            extra = timing + shlex.split(flags)
-            if system == STOCK:
-                cfg = recipes.load(opts.pair, data_bin)
-                cmd = stock_command(cfg, data_bin, os.path.join(scratch, STOCK), opts.gpu, precision) + extra
-                out[spec, precision] = (cmd, dict(os.environ))
-            else:
-                run = train_step.plan(opts.pair, system, train_step.Options(precision=precision, extra=extra), runs)
-                out[spec, precision] = (run.cmd, run.env)
+    for malloc in opts.mallocs:
+        for precision in opts.precisions:
+            for spec in opts.systems:
+                system, _, flags = spec.partition(":")
+                extra = timing + shlex.split(flags)
+                if system == STOCK:
+                    cfg = recipes.load(opts.pair, data_bin)
+                    cmd = stock_command(cfg, data_bin, os.path.join(scratch, STOCK), opts.gpu, precision) + extra
+                    env = dict(os.environ)
+                else:
+                    run = train_step.plan(opts.pair, system, train_step.Options(precision=precision, extra=extra), runs)
+                    cmd, env = run.cmd, dict(run.env)
+                env[allocator.VAR] = malloc
+                out[spec, precision, malloc] = (cmd, env)
     return out
 
 
-def recorded(cmd, scratch, gpu=False):
+def recorded(cmd, scratch, gpu=False, malloc="system"):
     """CMD as a record keeps it: this Python as `python`, the repository's paths relative to it, the
     temporary folder as $SCRATCH, preceded by what changes its speed from outside it:
     QKNORM_CUDNN_ATTENTION=... when it is set, and on a CPU the size of oneDNN's kernel cache the run
-    had (the training entry point's, or the user's)."""
+    had (the training entry point's, or the user's) and its allocator MALLOC."""
     words = ["python" if w == sys.executable else shareable(w).replace(scratch, "$SCRATCH") for w in cmd]
     env = [f"{CUDNN_ENV}={os.environ[CUDNN_ENV]}"] if CUDNN_ENV in os.environ else []
-    env += [] if gpu else ["{}={}".format(*onednn_cache())]
+    env += [] if gpu else ["{}={}".format(*onednn_cache()), f"{allocator.VAR}={shareable(malloc)}"]
     return shlex.join(env + words)
 
 
@@ -109,6 +126,7 @@ def time_one(cmd, env, warmup, updates):
     """(median of fairseq's `ups` over the train_inner records after WARMUP updates, {epoch: median
     `ups` of that epoch's records}); the first record is in no epoch's median: it holds the start."""
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    check_allocator(p.stdout + p.stderr, cmd, env)
     ups, by_epoch, last = [], {}, 0
     for line in (p.stdout + p.stderr).splitlines():
         parsed = parse_line(line)
@@ -129,6 +147,17 @@ def time_one(cmd, env, warmup, updates):
     if not ups:
         raise UserError(f"no train_inner record after update {warmup}: raise --updates or lower --log-interval")
     return statistics.median(ups), {e: statistics.median(v) for e, v in by_epoch.items()}
+
+
+def check_allocator(output, cmd, env):
+    """UserError when a CPU run's log (OUTPUT) names another allocator than its environment chose."""
+    malloc = (env or {}).get(allocator.VAR)
+    if not malloc or not allocator.applies(cmd) or "memory allocator: " not in output:
+        return
+    want = "glibc's malloc" if malloc == "system" else allocator.name_of(malloc)
+    said = output[output.index("memory allocator: "):].splitlines()[0]
+    if not said.startswith(f"memory allocator: {want}"):
+        raise UserError(f"{' '.join(cmd[:3])} ... ran with another allocator than {allocator.VAR}={malloc} chose: {said}")
 
 
 def old_records(out):
@@ -152,6 +181,8 @@ def run(opts):
 
     opts.gpu = torch.cuda.is_available()
     opts.precisions = opts.precisions or default_precisions(opts.gpu)
+    chosen = getattr(opts, "mallocs", None) or [os.environ.get(allocator.VAR, "auto")]
+    opts.mallocs = ["system"] if opts.gpu else mallocs(chosen)
     if not opts.gpu:
         for precision in opts.precisions:
             train_step.check_cpu_precision(precision)
@@ -165,25 +196,25 @@ def run(opts):
         speeds = {key: [] for key in cmds}
         epochs = {key: [] for key in cmds}
         for rep in range(1, opts.reps + 1):
-            for (system, precision), (cmd, env) in cmds.items():
+            for key, (cmd, env) in cmds.items():
                 ups, by_epoch = time_one(cmd, env, opts.warmup, opts.updates)
-                speeds[system, precision].append(ups)
-                epochs[system, precision].append(by_epoch)
-                log("benchmark", f"rep {rep}/{opts.reps} {system} {precision}: {ups:.2f} updates/s "
+                speeds[key].append(ups)
+                epochs[key].append(by_epoch)
+                log("benchmark", f"rep {rep}/{opts.reps} {' '.join(key)}: {ups:.2f} updates/s "
                                  f"(by epoch: {per_epoch(by_epoch)})")
         profiles = {}
         if opts.profile:
             for key, (cmd, env) in cmds.items():
                 profiles[key] = profile_one(cmd, env, scratch, opts.profile_update)
-                log("benchmark", f"profiled {key[0]} {key[1]}: {profiles[key]['ops']['total']} ops, "
+                log("benchmark", f"profiled {' '.join(key)}: {profiles[key]['ops']['total']} ops, "
                                  f"{profiles[key]['syncs']} syncs per update")
     date = datetime.now().astimezone().isoformat(timespec="seconds")
-    records = [{"system": s, "updates_per_s": v, "updates_per_s_by_epoch": epochs[s, p][i], "rep": i + 1, "device": device,
-                "machine": machine_line, "precision": p,
+    records = [{"system": s, "updates_per_s": v, "updates_per_s_by_epoch": epochs[s, p, m][i], "rep": i + 1,
+                "device": device, "machine": machine_line, "precision": p, "allocator": allocator.name_of(m),
                 "pair": opts.pair, "updates": opts.updates, "warmup": opts.warmup, "label": opts.label, "date": date,
-                "command": recorded(cmds[s, p][0], scratch, opts.gpu),
-                **profiles.get((s, p), {})}
-               for (s, p), values in speeds.items() for i, v in enumerate(values)]
+                "command": recorded(cmds[s, p, m][0], scratch, opts.gpu, m),
+                **profiles.get((s, p, m), {})}
+               for (s, p, m), values in speeds.items() for i, v in enumerate(values)]
     old = old_records(out)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old + records, indent=1) + "\n")
@@ -197,23 +228,25 @@ def per_epoch(by_epoch):
 
 
 def table(speeds, profiles, reps, epochs):
-    """One row per (system, precision): median updates/s, its ratios to stock and to fp32, each epoch's
-    updates/s (the first repetition's), and the profile."""
+    """One row per (system, precision, allocator): median updates/s, its ratios to stock (same
+    precision and allocator) and to fp32, each epoch's updates/s (the first repetition's), and the
+    profile."""
     med = {k: statistics.median(v) for k, v in speeds.items()}
-    head = f"| system | precision | updates/s (median of {reps}) | vs stock | vs fp32 | updates/s by epoch |"
-    rule = "|---|---|---|---|---|---|"
+    head = f"| system | precision | allocator | updates/s (median of {reps}) | vs stock | vs fp32 | updates/s by epoch |"
+    rule = "|---|---|---|---|---|---|---|"
     if profiles:
         head += (" ATen ops per update (fwd / bwd / clip / step / other) | syncs per update | shapes per epoch |"
                  " padding (source / target) | matrix products: ms (share of the update) | update / matrix products |")
         rule += "---|---|---|---|---|---|"
     lines = [head, rule]
-    for (s, p), v in med.items():
-        stock, fp32 = med.get((STOCK, p)), med.get((s, "fp32"))  # a SYSTEM:FLAGS row: vs plain stock
-        row = f"| {s} | {p} | {v:.2f} | {v / stock:.2f} |" if stock else f"| {s} | {p} | {v:.2f} | |"
+    for (s, p, m), v in med.items():
+        stock, fp32 = med.get((STOCK, p, m)), med.get((s, "fp32", m))  # a SYSTEM:FLAGS row: vs plain stock
+        row = f"| {s} | {p} | {allocator.name_of(m)} | {v:.2f} |"
+        row += f" {v / stock:.2f} |" if stock else " |"
         row += f" {v / fp32:.2f} |" if fp32 and p != "fp32" else " |"
-        row += f" {per_epoch(epochs[s, p][0])} |"
-        if (s, p) in profiles:
-            r = profiles[s, p]
+        row += f" {per_epoch(epochs[s, p, m][0])} |"
+        if (s, p, m) in profiles:
+            r = profiles[s, p, m]
             o = r["ops"]
             phases = " / ".join(str(o.get(k, 0)) for k in ("forward", "backward", "clip", "step", "other"))
             row += (f" {o['total']} ({phases}) | {r['syncs']} | {r['shapes_per_epoch']} of {r['batches_per_epoch']} "
@@ -240,6 +273,9 @@ def add_arguments(s):
     s.add_argument("--reps", type=int, default=1, help="alternating repetitions of every system (default 1)")
     s.add_argument("--precisions", nargs="+", choices=recipes.PRECISIONS,
                    help="default: bf16 on a GPU; on a CPU fp32 and, where it has native bf16 instructions, bf16")
+    s.add_argument("--mallocs", nargs="+", metavar="ALLOCATOR",
+                   help=f"CPU: the memory allocators to compare, each a {allocator.VAR} value ({', '.join(allocator.CHOICES)} "
+                        f"or a library's path; default: {allocator.VAR}, else auto)")
     s.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip the per-update profile (ops, syncs, batch shapes)")
     s.add_argument("--profile-update", type=int, default=PROFILED_UPDATE,

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from qknorm_pipeline import allocator
 from qknorm_pipeline.fairseq_train import onednn_cache
 from qknorm_pipeline.hardware import cpu_has_bf16, cpu_name, machine
 
@@ -40,8 +41,11 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
     epoch = ("batches_per_epoch", "shapes_per_epoch", "padding")
     assert [ours[k] for k in epoch] == [stock[k] for k in epoch] != [fast[k] for k in epoch]
     # a record names the temporary checkpoint folder $SCRATCH and this Python `python`
-    # a CPU record names the size of oneDNN's kernel cache it trained with (the entry point's, or the user's)
-    assert ours["command"].startswith("{}={} python -m ".format(*onednn_cache()))
+    # a CPU record names the size of oneDNN's kernel cache it trained with (the entry point's, or the
+    # user's) and its allocator: QKNORM_MALLOC's default, auto, checked against the run's log line
+    malloc = allocator.resolve("auto", allocator.search_dirs())[0]
+    assert {r["allocator"] for r in recs} == {malloc}
+    assert ours["command"].startswith("{}={} QKNORM_MALLOC={} python -m ".format(*onednn_cache(), malloc))
     assert "--save-dir '$SCRATCH/ckpt/demo/postnorm'" in ours["command"]
     assert "--save-dir '$SCRATCH/fairseq_transformer'" in stock["command"]
     assert "python -m qknorm_pipeline.fairseq_train" in ours["command"] and "--arch transformer_postnorm" in ours["command"]
@@ -54,7 +58,7 @@ def test_fairseq_train_throughput_appends_one_record_per_system(tiny_data, tmp_p
     # stock fairseq: its padding tests in the encoder and decoder, and the per-parameter Adam
     assert stock["syncs"] > 1 and stock["ops"]["step"] > 100
     assert fast["shapes_per_epoch"] <= min(4, ours["shapes_per_epoch"]) and fast["padding"] > ours["padding"]
-    assert "| fairseq_transformer | fp32 |" in p.stdout and "| postnorm | fp32 |" in p.stdout
+    assert f"| fairseq_transformer | fp32 | {malloc} |" in p.stdout and f"| postnorm | fp32 | {malloc} |" in p.stdout
     mm = ours["op_families"]["matrix products"]
     assert f"| {mm:.0f} ({mm / ours['update_ms']:.0%}) | {ours['update_ms'] / mm:.2f}× |" in p.stdout
     again = script("benchmark.sh", *argv[:4], "postnorm", "--no-profile", *argv[7:], root=tmp_path)

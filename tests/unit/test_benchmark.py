@@ -275,7 +275,7 @@ def test_the_benchmark_profiles_the_update_asked_for_and_records_it(monkeypatch,
     from qknorm_pipeline.benchmark import throughput
 
     cmd = [sys.executable, "-m", throughput.ENTRY, "bin"]
-    monkeypatch.setattr(throughput, "commands", lambda opts, where, scratch: {("qknorm", "fp32"): (cmd, {})})
+    monkeypatch.setattr(throughput, "commands", lambda opts, where, scratch: {("qknorm", "fp32", "system"): (cmd, {})})
     monkeypatch.setattr(throughput, "time_one", lambda cmd, env, warmup, updates: (1.5, {"1": 1.4, "2": 1.6}))
     asked = []
 
@@ -287,8 +287,42 @@ def test_the_benchmark_profiles_the_update_asked_for_and_records_it(monkeypatch,
     monkeypatch.setattr(throughput, "table", lambda *args: "")
     out = tmp_path / "records.json"
     opts = argparse.Namespace(precisions=["fp32"], out=str(out), warmup=1, updates=200, profile_update=170,
-                              profile=True, reps=1, pair="gl-en", label="x")
+                              profile=True, reps=1, pair="gl-en", label="x", mallocs=["system"])
     throughput.run(opts)
     assert asked == [170]
     (rec,) = json.loads(out.read_text())
     assert rec["profiled_update"] == 170 and rec["updates_per_s_by_epoch"] == {"1": 1.4, "2": 1.6}
+    assert rec["allocator"] == "system" and rec["command"].startswith("ONEDNN_PRIMITIVE_CACHE_CAPACITY=")
+    assert " QKNORM_MALLOC=system python -m " in rec["command"]
+
+
+def test_the_table_compares_each_row_with_stock_under_the_same_allocator():
+    from qknorm_pipeline.benchmark import throughput
+
+    speeds = {("qknorm", "bf16", "system"): [2.0], ("fairseq_transformer", "bf16", "system"): [1.0],
+              ("qknorm", "bf16", "tcmalloc"): [3.0], ("fairseq_transformer", "bf16", "tcmalloc"): [2.5]}
+    table = throughput.table(speeds, {}, 1, {k: [{"1": v[0]}] for k, v in speeds.items()})
+    assert "| qknorm | bf16 | system | 2.00 | 2.00 |" in table and "| qknorm | bf16 | tcmalloc | 3.00 | 1.20 |" in table
+
+
+def test_the_allocators_to_compare_are_resolved_before_measuring(monkeypatch, tmp_path):
+    from qknorm_pipeline import allocator
+    from qknorm_pipeline.benchmark import throughput
+
+    (tmp_path / "libtcmalloc_minimal.so.4").write_bytes(b"")
+    monkeypatch.setattr(allocator, "search_dirs", lambda environ=None: [str(tmp_path)])
+    lib = str(tmp_path / "libtcmalloc_minimal.so.4")
+    assert throughput.mallocs(["auto", "system", "tcmalloc", lib]) == ["tcmalloc", "system", "tcmalloc", lib]
+    with pytest.raises(UserError, match="^QKNORM_MALLOC=jemalloc: no jemalloc library"):
+        throughput.mallocs(["jemalloc"])
+
+
+def test_a_run_under_another_allocator_than_chosen_is_refused():
+    from qknorm_pipeline.benchmark import throughput
+
+    cmd, env = ["python", "-m", "qknorm_pipeline.fairseq_train", "bin", "--cpu"], {"QKNORM_MALLOC": "tcmalloc"}
+    throughput.check_allocator("x\nmemory allocator: tcmalloc (/usr/lib/libtcmalloc_minimal.so.4)\ny", cmd, env)
+    with pytest.raises(UserError, match=r"ran with another allocator than QKNORM_MALLOC=tcmalloc chose: memory "
+                                        r"allocator: glibc's malloc; no tcmalloc$"):
+        throughput.check_allocator("memory allocator: glibc's malloc; no tcmalloc\nnext", cmd, env)
+    throughput.check_allocator("memory allocator: glibc's malloc (QKNORM_MALLOC=system)", cmd, {"QKNORM_MALLOC": "system"})

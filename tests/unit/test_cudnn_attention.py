@@ -50,10 +50,13 @@ def test_a_benchmark_record_names_the_settings_it_ran_under(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     run = "python -m qknorm_pipeline.fairseq_train '$SCRATCH/ckpt'"
     assert throughput.recorded(cmd, "/scratch/x", gpu=True) == run
-    # on a CPU the size of oneDNN's kernel cache the run had: the entry point's, or the user's
-    assert throughput.recorded(cmd, "/scratch/x") == f"ONEDNN_PRIMITIVE_CACHE_CAPACITY={ONEDNN_CAPACITY} {run}"
+    # on a CPU the size of oneDNN's kernel cache the run had (the entry point's, or the user's) and its allocator
+    assert throughput.recorded(cmd, "/scratch/x") == (
+        f"ONEDNN_PRIMITIVE_CACHE_CAPACITY={ONEDNN_CAPACITY} QKNORM_MALLOC=system {run}")
+    assert throughput.recorded(cmd, "/scratch/x", malloc="tcmalloc") == (
+        f"ONEDNN_PRIMITIVE_CACHE_CAPACITY={ONEDNN_CAPACITY} QKNORM_MALLOC=tcmalloc {run}")
     monkeypatch.setenv(cudnn_attention.ENV, "1")
     monkeypatch.setenv(ONEDNN_VARS[0], "1024")
     assert throughput.recorded(cmd, "/scratch/x", gpu=True) == f"QKNORM_CUDNN_ATTENTION=1 {run}"
     assert throughput.recorded(cmd, "/scratch/x") == (
-        f"QKNORM_CUDNN_ATTENTION=1 ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 {run}")
+        f"QKNORM_CUDNN_ATTENTION=1 ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 QKNORM_MALLOC=system {run}")
