@@ -12,7 +12,8 @@ cannot decode in is refused in one line before the model loads.
 
 Decodes $DATA_BIN/PAIR (test split) with the pair's decoding recipe (beam 4, max length = source
 length + 50, BPE or SentencePiece undone as $DATA_BIN/PAIR/stats.json says, the papers' length
-normalisation and beam search), restores the original sentence order and scores against
+normalisation and beam search; on a CPU under the training's memory allocator, QKNORM_MALLOC:
+docs/performance.md), restores the original sentence order and scores against
 $DATA_DIR/PAIR/tok/test.<tgt> with the pair's eval.metric / eval.detok (configs/PAIR.yaml). Prints
 one line when decoding starts, the progress (sentences done / total), and the score. Writes
 $RESULTS_DIR/PAIR/SYSTEM/{generate.out,generate.log,hyp.txt,scores.json} (--checkpoint last: in
@@ -32,11 +33,12 @@ import glob
 import os
 import sys
 
-from . import processes, recipes
+from . import allocator, processes, recipes
 from .cli import Parser, UsageError, UserError, log, prog
 from .cli import main as run_main
 from .files import count_lines, is_whole_checkpoint, read_json, write_lines
 from .fingerprint import fingerprint_of, parts
+from .hardware import has_gpu
 from .names import split_seed
 from .paths import folders, shareable, short
 from .scoring.score import score_systems, write_scores
@@ -72,6 +74,22 @@ def train_command(cfg, pair, run):
     if system not in cfg.systems:
         return f"the train.sh command that named it {run}"
     return f"bash scripts/train.sh {f'--seed {seed} ' if seed != 1 else ''}{pair} {system}"
+
+
+def decoding_env(cfg, gen):
+    """(environment, words for the log) of fairseq-generate GEN: on a CPU, with the recipe's cpu:
+    settings and the training's memory allocator (allocator.py), which the log names; where none is
+    found, a warning says how to install one."""
+    env = recipes.cpu_env(cfg)
+    if "--cpu" not in gen and has_gpu():
+        return env, ""
+    try:
+        env, name = allocator.for_child(env)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if name == "system" and env.get(allocator.VAR) != "system":
+        log(TAG, f"warning: decoding with glibc's malloc: {allocator.MISSING}: {allocator.INSTALL}")
+    return env, f" ({'glibc malloc' if name == 'system' else name})"
 
 
 def evaluate(pair, run, extra=(), checkpoint="best", where=None):
@@ -122,8 +140,9 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
     os.makedirs(out, exist_ok=True)
     n_ref = count_lines(ref)
     generate_log = os.path.join(out, "generate.log")
-    log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}; log {short(generate_log)}")
-    processes.decode(f"{pair}/{run}", gen, new["generate.out"], generate_log, n_ref, env=recipes.cpu_env(cfg))
+    env, malloc = decoding_env(cfg, gen)
+    log(TAG, f"decoding {pair}/{run}: {n_ref} test sentences with {short(ckpt)}{malloc}; log {short(generate_log)}")
+    processes.decode(f"{pair}/{run}", gen, new["generate.out"], generate_log, n_ref, env=env)
     hyps = hypotheses(new["generate.out"])
     write_lines(new["hyp.txt"], hyps)
     if len(hyps) != n_ref:

@@ -1,5 +1,6 @@
 """The training entry point under QKNORM_MALLOC: the allocator it names is the one in the process,
 its results are the same bits as under glibc's malloc, and a choice that cannot be had stops it."""
+import re
 import subprocess
 import sys
 
@@ -45,3 +46,18 @@ def test_an_allocator_that_cannot_be_had_stops_the_run_before_training(tiny_data
     rc, log = train(tiny_data, tmp_path / "b", str(fake))
     assert rc == 1 and "num_updates" not in log
     assert f"[fairseq_train] error: QKNORM_MALLOC: LD_PRELOAD={fake} did not load it" in log
+
+
+@pytest.mark.skipif(FOUND[1] is None, reason="no tcmalloc or jemalloc on this machine (apt install libtcmalloc-minimal4)")
+def test_evaluate_decodes_the_same_hypotheses_under_the_allocator(tiny_pipeline, tmp_path):
+    name = FOUND[0]
+    hyps = {}
+    for malloc in ("system", "auto"):
+        results = tmp_path / malloc
+        proc = subprocess.run(["bash", "scripts/evaluate.sh", "demo", "postnorm"], cwd=REPO, capture_output=True,
+                              text=True, env=environment(tiny_pipeline, RESULTS_DIR=results, **{allocator.VAR: malloc}))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        expected = "glibc malloc" if malloc == "system" else name
+        assert re.search(rf"decoding demo/postnorm: 40 test sentences with \S+ \({expected}\); log", proc.stderr)
+        hyps[malloc] = (results / "demo" / "postnorm" / "hyp.txt").read_text()
+    assert hyps["system"] == hyps["auto"] and hyps["auto"].count("\n") == 40

@@ -119,3 +119,42 @@ def test_the_log_line_names_the_allocator_in_place(monkeypatch):
     line, warn = allocator.describe({})
     assert warn and line.startswith("memory allocator: glibc's malloc; no tcmalloc or jemalloc was found") \
         and "apt install libtcmalloc-minimal4" in line
+
+
+def test_a_tool_started_from_here_gets_the_library_in_its_environment(tmp_path):
+    tc, je = libraries(tmp_path, "libtcmalloc_minimal.so.4", "libjemalloc.so.2")
+    lib = f"{tc}/libtcmalloc_minimal.so.4"
+    env, name = allocator.for_child({"LD_LIBRARY_PATH": tc, "LD_PRELOAD": "/x/libfoo.so"})
+    assert name == "tcmalloc" and env["LD_PRELOAD"] == f"{lib}:/x/libfoo.so"
+    assert allocator.for_child({"LD_LIBRARY_PATH": tc, allocator.VAR: "system"}) == (
+        {"LD_LIBRARY_PATH": tc, allocator.VAR: "system"}, "system")
+    # the user's own preload is kept, whatever QKNORM_MALLOC says
+    mine = {"LD_LIBRARY_PATH": tc, "LD_PRELOAD": f"{je}/libjemalloc.so.2", allocator.VAR: "tcmalloc"}
+    assert allocator.for_child(mine) == (mine, "jemalloc")
+    with pytest.raises(ValueError, match="^QKNORM_MALLOC=jemalloc: no jemalloc library"):
+        allocator.for_child({"LD_LIBRARY_PATH": tc, allocator.VAR: "jemalloc"})
+
+
+def test_evaluate_decodes_on_a_cpu_with_the_allocator_and_says_when_there_is_none(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from qknorm_pipeline import evaluate
+
+    (tc,) = libraries(tmp_path, "libtcmalloc_minimal.so.4")
+    cfg = SimpleNamespace(cpu=SimpleNamespace(threads=0, isa=None))
+    monkeypatch.delenv(allocator.VAR, raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.setattr(evaluate, "has_gpu", lambda: False)
+    monkeypatch.setattr(allocator, "search_dirs", lambda environ=None: [tc])
+    env, words = evaluate.decoding_env(cfg, ["fairseq-generate", "bin"])
+    assert env["LD_PRELOAD"] == f"{tc}/libtcmalloc_minimal.so.4" and words == " (tcmalloc)"
+    monkeypatch.setattr(allocator, "search_dirs", lambda environ=None: [str(tmp_path)])
+    env, words = evaluate.decoding_env(cfg, ["fairseq-generate", "bin"])
+    assert "LD_PRELOAD" not in env and words == " (glibc malloc)"
+    assert "warning: decoding with glibc's malloc: no tcmalloc or jemalloc was found" in capsys.readouterr().err
+    # a GPU decodes without it, unless --cpu is given
+    monkeypatch.setattr(evaluate, "has_gpu", lambda: True)
+    monkeypatch.setattr(allocator, "search_dirs", lambda environ=None: [tc])
+    env, words = evaluate.decoding_env(cfg, ["fairseq-generate", "bin"])
+    assert "LD_PRELOAD" not in env and words == ""
+    assert evaluate.decoding_env(cfg, ["fairseq-generate", "bin", "--cpu"])[1] == " (tcmalloc)"
