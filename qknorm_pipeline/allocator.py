@@ -4,7 +4,7 @@ An update allocates and frees hundreds of tensors of a few KB to tens of MB, eac
 posix_memalign. glibc's malloc splits and sorts its free chunks at each of those calls: in a
 profile of the study's step, a seventh of the main thread's time was glibc's _int_malloc. tcmalloc
 and jemalloc keep freed blocks by size and hand them back whole, and the update runs about 1.3x
-faster, stock fairseq's 1.4x (docs/performance.md, "Which memory allocator?"). An allocator only
+faster, stock fairseq's too (docs/performance.md, "And the memory allocator?"). An allocator only
 places tensors in memory; a run's results are the same bits under each.
 
 A library replaces malloc only when the dynamic linker loads it first (LD_PRELOAD), so the training

@@ -251,12 +251,13 @@ def watch(trainer_cls, update, out):
 
 
 def main(argv=None):
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv or argv.index("--") < 1:
         sys.exit("usage: python -m qknorm_pipeline.benchmark.step_profile OUT.json [--plain] [--update K] -- ARGS")
     ours, args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     out, plain = ours[0], "--plain" in ours
-    if argv == sys.argv[1:]:  # the program: the allocator the training would have (allocator.py)
+    if program:  # started as a program: the allocator the training would have (allocator.py)
         from ..allocator import restart_with_allocator
 
         try:
