@@ -28,7 +28,8 @@ LIBRARIES = {"tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtc
 # PyTorch's own CPU launcher (torch.backends.xeon.run_cpu) sets the first three; without the last two,
 # jemalloc hands freed pages back to the kernel and faults them in again (3.1 against 3.65 updates/s)
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1"
-MISSING = "no tcmalloc or jemalloc was found, and CPU training runs about 1.3x faster with one, decoding up to 6x"
+LOG = "memory allocator: "  # the train log's line (describe), which the benchmark reads back
+MISSING = "no tcmalloc or jemalloc was found, and CPU training runs about 1.3x faster with one, decoding about 6x"
 INSTALL = ("apt install libtcmalloc-minimal4 on Debian and Ubuntu, dnf install gperftools-libs on Fedora, "
            "conda install -c conda-forge gperftools")
 SYSTEM_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
@@ -52,6 +53,11 @@ def find(name, dirs):
 def name_of(path):
     base = os.path.basename(path)
     return next((name for name in LIBRARIES if name in base), base)
+
+
+def label(choice):
+    """How logs name the allocator of CHOICE (a name resolve returns, or a library's path)."""
+    return "glibc's malloc" if choice == "system" else name_of(choice)
 
 
 def resolve(choice, dirs):
@@ -83,7 +89,7 @@ def loaded(maps="/proc/self/maps"):
     except OSError:
         return None
     paths = (line.split(None, 5)[5] for line in lines if len(line.split(None, 5)) == 6)
-    return next((p for p in paths if any(name in os.path.basename(p) for name in LIBRARIES)), None)
+    return next((p for p in paths if name_of(p) in LIBRARIES), None)
 
 
 def applies(argv):
@@ -130,7 +136,7 @@ def describe(environ=os.environ):
     """(the log's line on the allocator in place, whether it is a warning)."""
     path = loaded()
     if path:
-        return f"memory allocator: {name_of(path)} ({path})", False
+        return f"{LOG}{label(path)} ({path})", False
     if environ.get(VAR) == "system":
-        return f"memory allocator: glibc's malloc ({VAR}=system)", False
-    return f"memory allocator: glibc's malloc; {MISSING}: {INSTALL} (docs/performance.md)", True
+        return f"{LOG}{label('system')} ({VAR}=system)", False
+    return f"{LOG}{label('system')}; {MISSING}: {INSTALL} (docs/performance.md)", True

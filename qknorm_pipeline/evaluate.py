@@ -88,8 +88,8 @@ def decoding_env(cfg, gen):
     except ValueError as e:
         raise UserError(str(e)) from None
     if name == "system" and env.get(allocator.VAR) != "system":
-        log(TAG, f"warning: decoding with glibc's malloc: {allocator.MISSING}: {allocator.INSTALL}")
-    return env, f" ({'glibc malloc' if name == 'system' else name})"
+        log(TAG, f"warning: decoding with {allocator.label(name)}: {allocator.MISSING}: {allocator.INSTALL}")
+    return env, f" ({allocator.label(name)})"
 
 
 def evaluate(pair, run, extra=(), checkpoint="best", where=None):

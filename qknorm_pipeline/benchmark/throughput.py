@@ -152,11 +152,10 @@ def time_one(cmd, env, warmup, updates):
 def check_allocator(output, cmd, env):
     """UserError when a CPU run's log (OUTPUT) names another allocator than its environment chose."""
     malloc = (env or {}).get(allocator.VAR)
-    if not malloc or not allocator.applies(cmd) or "memory allocator: " not in output:
+    if not malloc or not allocator.applies(cmd) or allocator.LOG not in output:
         return
-    want = "glibc's malloc" if malloc == "system" else allocator.name_of(malloc)
-    said = output[output.index("memory allocator: "):].splitlines()[0]
-    if not said.startswith(f"memory allocator: {want}"):
+    said = output[output.index(allocator.LOG):].splitlines()[0]
+    if not said.startswith(allocator.LOG + allocator.label(malloc)):
         raise UserError(f"{' '.join(cmd[:3])} ... ran with another allocator than {allocator.VAR}={malloc} chose: {said}")
 
 

@@ -57,7 +57,7 @@ def test_evaluate_decodes_the_same_hypotheses_under_the_allocator(tiny_pipeline,
         proc = subprocess.run(["bash", "scripts/evaluate.sh", "demo", "postnorm"], cwd=REPO, capture_output=True,
                               text=True, env=environment(tiny_pipeline, RESULTS_DIR=results, **{allocator.VAR: malloc}))
         assert proc.returncode == 0, proc.stderr[-2000:]
-        expected = "glibc malloc" if malloc == "system" else name
+        expected = "glibc's malloc" if malloc == "system" else name
         assert re.search(rf"decoding demo/postnorm: 40 test sentences with \S+ \({expected}\); log", proc.stderr)
         hyps[malloc] = (results / "demo" / "postnorm" / "hyp.txt").read_text()
     assert hyps["system"] == hyps["auto"] and hyps["auto"].count("\n") == 40

@@ -150,7 +150,7 @@ def test_evaluate_decodes_on_a_cpu_with_the_allocator_and_says_when_there_is_non
     assert env["LD_PRELOAD"] == f"{tc}/libtcmalloc_minimal.so.4" and words == " (tcmalloc)"
     monkeypatch.setattr(allocator, "search_dirs", lambda environ=None: [str(tmp_path)])
     env, words = evaluate.decoding_env(cfg, ["fairseq-generate", "bin"])
-    assert "LD_PRELOAD" not in env and words == " (glibc malloc)"
+    assert "LD_PRELOAD" not in env and words == " (glibc's malloc)"
     assert "warning: decoding with glibc's malloc: no tcmalloc or jemalloc was found" in capsys.readouterr().err
     # a GPU decodes without it, unless --cpu is given
     monkeypatch.setattr(evaluate, "has_gpu", lambda: True)
