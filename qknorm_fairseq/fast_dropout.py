@@ -15,21 +15,38 @@ Two sublayer patterns go through one autograd function each, for fewer passes ov
 dropout of a sublayer's output with its residual addition (`residual + dropout(x)` as one
 addcmul, rounded once where the two ops round twice) and ReLU with the dropout after it (the same
 bits as the two ops).
+
+On a CPU, fp32 or bf16, each pattern runs as one C loop (csrc/fast_dropout.c, built on first use by
+native.py) that draws the same words and applies the mask as it goes, keeping it for the backward
+as one byte per unit (ReLU's backward reads the output instead). The same bits as the torch ops
+below, in one pass where they take four or five; where no C compiler is found the torch ops run,
+with a warning.
 """
+import contextlib
+import ctypes
+import functools
+import logging
 import math
 
 import numpy as np
 import torch
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
+from . import native
+
+logger = logging.getLogger(__name__)
+
+
+def _seed():
+    # a path for CPU tensors only: reading the seed waits for no device
+    return torch.randint(0, 2**62, (1,)).tolist()[0]
+
 
 @torch.compiler.disable  # numpy's memory is no tensor torch.compile can trace
 def _cpu_int16(n):
     if n == 0:
         return torch.empty(0, dtype=torch.int16)
-    # a path for CPU tensors only: reading the seed and wrapping numpy's memory wait for no device
-    seed = torch.randint(0, 2**62, (1,)).tolist()[0]
-    words = np.random.PCG64DXSM(seed).random_raw((n + 3) // 4)
+    words = np.random.PCG64DXSM(_seed()).random_raw((n + 3) // 4)
     return torch.frombuffer(words, dtype=torch.int16)[:n]
 
 
@@ -41,25 +58,140 @@ def uniform_int16(n, device=None):
     return bits.view(torch.int16)[:n]
 
 
+def threshold(keep):
+    """A draw below it keeps its unit."""
+    return round(keep * 65536) - 32768
+
+
 def keep_mask(shape, keep, dtype, device=None):
     """1 / KEEP with probability KEEP (to 1/65536), else 0, in DTYPE."""
     draws = uniform_int16(math.prod(shape), device).view(shape)
     # the comparison written as 0 or 1 in DTYPE: one pass, where a bool mask cast to DTYPE takes two
-    mask = torch.lt(draws, round(keep * 65536) - 32768, out=torch.empty(shape, dtype=dtype, device=draws.device))
+    mask = torch.lt(draws, threshold(keep), out=torch.empty(shape, dtype=dtype, device=draws.device))
     return mask.mul_(1.0 / keep)
+
+
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/fast_dropout.c's codes
+MUL, ADD, RELU = range(3)
+_UNBUILT = object()
+_library, _native_on = _UNBUILT, True
+_SIGNATURES = {
+    "qk_draws": [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_uint64] * 4 + [ctypes.c_int],
+    "qk_dropout_forward": [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_uint64] * 4
+                          + [ctypes.c_int, ctypes.c_float, ctypes.c_int],
+    "qk_dropout_backward": [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float, ctypes.c_int],
+    "qk_relu_dropout_backward": [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float, ctypes.c_int],
+}
+
+
+def library():
+    """csrc/fast_dropout.c's kernels, or None (a warning, once) where they cannot be built."""
+    global _library
+    if _library is _UNBUILT:
+        try:
+            _library = native.load("fast_dropout")
+            for name, args in _SIGNATURES.items():
+                getattr(_library, name).argtypes = args
+        except native.NativeError as e:
+            logger.warning(f"--fast-dropout: {e}; masks are applied by torch's ops instead (the same bits, "
+                           f"several passes where the C loop takes one: docs/performance.md)")
+            _library = None
+    return _library
+
+
+@contextlib.contextmanager
+def native_kernels(enabled):
+    """Within it, the C kernels are used (where built) or not: how tests and benchmarks compare them."""
+    global _native_on
+    before, _native_on = _native_on, enabled
+    try:
+        yield
+    finally:
+        _native_on = before
+
+
+def _native(x, *others):
+    """Whether X's dropout runs in the C kernels (OTHERS: tensors read beside X, in X's layout)."""
+    return (_native_on and x.device.type == "cpu" and x.dtype in DTYPES and x.is_contiguous()
+            and all(t.dtype == x.dtype and t.is_contiguous() and t.shape == x.shape for t in others)
+            and not _compiling() and library() is not None)
+
+
+def _compiling():
+    # inside torch.compile the torch ops are traced (numpy's draws stay outside the graph)
+    return getattr(torch.compiler, "is_compiling", lambda: False)()
+
+
+_LOW = 2**64 - 1
+
+
+def generator_state():
+    """The PCG64DXSM state (high and low words of the state, then of the increment) the numpy
+    path's generator starts from for the next mask."""
+    state = np.random.PCG64DXSM(_seed()).state["state"]
+    return (state["state"] >> 64, state["state"] & _LOW, state["inc"] >> 64, state["inc"] & _LOW)
+
+
+@functools.cache
+def _scale(keep, dtype):
+    return torch.tensor(1.0 / keep).to(dtype).item()  # the mask's value: 1 / keep rounded as mul_ rounds it
+
+
+def _threads(n):
+    return torch.get_num_threads() if n >= 32768 else 1  # at::internal::GRAIN_SIZE, as torch's own loops
+
+
+def kernel(name, *args):
+    """Runs the C kernel NAME (one place for step_profile to time them all)."""
+    getattr(library(), name)(*args)
+
+
+def _forward(kind, x, residual, keep):
+    """(the output, the kept units as bytes; None for RELU, whose backward reads the output)"""
+    y = torch.empty_like(x)
+    kept = None if kind == RELU else torch.empty(x.shape, dtype=torch.uint8)
+    kernel("qk_dropout_forward", kind, DTYPES[x.dtype], x.data_ptr(), None if residual is None else residual.data_ptr(),
+           y.data_ptr(), None if kept is None else kept.data_ptr(), x.numel(), *generator_state(), threshold(keep),
+           _scale(keep, x.dtype), _threads(x.numel()))
+    return y, kept
+
+
+def _backward(name, grad, saved, keep):
+    """The gradient of x * mask (NAME qk_dropout_backward, SAVED the kept units) or relu(x) * mask
+    (qk_relu_dropout_backward, SAVED the output)."""
+    grad = grad.contiguous()
+    out = torch.empty_like(grad)
+    kernel(name, DTYPES[grad.dtype], grad.data_ptr(), saved.data_ptr(), out.data_ptr(), grad.numel(),
+           _scale(keep, grad.dtype), _threads(grad.numel()))
+    return out
+
+
+def _masked(ctx, x, residual, p):
+    """x * mask, or residual + x * mask (one addcmul) where RESIDUAL is given; saves what
+    _masked_grad needs."""
+    ctx.keep, ctx.native = 1.0 - p, _native(x, *([] if residual is None else [residual]))
+    if ctx.native:
+        y, kept = _forward(MUL if residual is None else ADD, x, residual, ctx.keep)
+        ctx.save_for_backward(kept)
+        return y
+    mask = keep_mask(x.shape, ctx.keep, x.dtype, x.device)
+    ctx.save_for_backward(mask)
+    return x * mask if residual is None else torch.addcmul(residual, x, mask)
+
+
+def _masked_grad(ctx, grad):
+    (saved,) = ctx.saved_tensors
+    return _backward("qk_dropout_backward", grad, saved, ctx.keep) if ctx.native else grad * saved
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p):
-        mask = keep_mask(x.shape, 1.0 - p, x.dtype, x.device)
-        ctx.save_for_backward(mask)
-        return x * mask
+        return _masked(ctx, x, None, p)
 
     @staticmethod
     def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
-        return grad * mask, None
+        return _masked_grad(ctx, grad), None
 
 
 class _DropoutAdd(torch.autograd.Function):
@@ -67,14 +199,11 @@ class _DropoutAdd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, p):
-        mask = keep_mask(x.shape, 1.0 - p, x.dtype, x.device)
-        ctx.save_for_backward(mask)
-        return torch.addcmul(residual, x, mask)
+        return _masked(ctx, x, residual, p)
 
     @staticmethod
     def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
-        return grad * mask, grad, None
+        return _masked_grad(ctx, grad), grad, None
 
 
 class _ReluDropout(torch.autograd.Function):
@@ -83,13 +212,20 @@ class _ReluDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, p):
-        mask = keep_mask(x.shape, 1.0 - p, x.dtype, x.device)
+        ctx.keep, ctx.native = 1.0 - p, _native(x)
+        if ctx.native:
+            y, _ = _forward(RELU, x, None, ctx.keep)
+            ctx.save_for_backward(y)
+            return y
+        mask = keep_mask(x.shape, ctx.keep, x.dtype, x.device)
         y = torch.relu(x).mul_(mask)
         ctx.save_for_backward(y, mask)
         return y
 
     @staticmethod
     def backward(ctx, grad):
+        if ctx.native:  # where y > 0 the mask was 1 / keep: grad * mask there, no mask needed
+            return _backward("qk_relu_dropout_backward", grad, ctx.saved_tensors[0], ctx.keep), None
         y, mask = ctx.saved_tensors
         return torch.ops.aten.threshold_backward(grad * mask, y, 0), None
 

@@ -5,8 +5,9 @@ process on the CPU (process CPU time, one thread by default).
 
 Norms (ScaleNorm, RMSNorm) against fairseq's LayerNorm on (tokens, dim); lp_normalize against
 torch.linalg.vector_norm on (tokens, heads, dim / heads), p = 2 also in bf16 (with gradients: the
-hand-written backward against autograd's); --fast-dropout's dropout against torch's (p = 0.4) on
-(tokens, 4 dim) and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
+hand-written backward against autograd's); --fast-dropout's dropout (p = 0.4) on (tokens, 4 dim), its
+C loop against its path through torch's ops and that against torch's dropout, and its ReLU with
+dropout, C loop against torch's ops; and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
 heads, 24, dim / heads), each in fp32 and bf16; --fused-loss's label-smoothed loss against the
 criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab); --fused-kernels' compiled
 normalisation (bf16, p = 2) and loss against their eager paths, and torch's dropout through
@@ -31,7 +32,7 @@ def run(opts):
     from qknorm_fairseq import fused_kernels
     from qknorm_fairseq.attention import EPS, NormAttention, lp_normalize
     from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
-    from qknorm_fairseq.fast_dropout import fast_dropout
+    from qknorm_fairseq.fast_dropout import FastDropout, fast_dropout, native_kernels
     from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
     d, hd = opts.dim, opts.dim // opts.heads
@@ -60,10 +61,21 @@ def run(opts):
         cases += [("vector_norm p=2 bf16", reference_lp(2), None, (opts.tokens, opts.heads, hd), bf16),
                   ("lp_normalize p=2 bf16", lambda x: lp_normalize(x, 2), "vector_norm p=2 bf16",
                    (opts.tokens, opts.heads, hd), bf16)]
+    def torch_ops(fn):  # --fast-dropout's masks applied by torch's ops, not its C loop
+        def run(x):
+            with native_kernels(False):
+                return fn(x)
+        return run
+
+    relu_dropout = FastDropout(0.4).relu
     for tag, dtype in (("fp32", f32), ("bf16", bf16)):
         cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, (opts.tokens, 4 * d), dtype),
-                  (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"torch dropout {tag}", (opts.tokens, 4 * d),
-                   dtype),
+                  (f"fast_dropout, torch's ops {tag}", torch_ops(lambda x: fast_dropout(x, 0.4)), f"torch dropout {tag}",
+                   (opts.tokens, 4 * d), dtype),
+                  (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"fast_dropout, torch's ops {tag}",
+                   (opts.tokens, 4 * d), dtype),
+                  (f"relu dropout, torch's ops {tag}", torch_ops(relu_dropout), None, (opts.tokens, 4 * d), dtype),
+                  (f"relu dropout {tag}", relu_dropout, f"relu dropout, torch's ops {tag}", (opts.tokens, 4 * d), dtype),
                   (f"sdpa attention {tag}", sdpa_attention, None, (sentences, opts.heads, 24, hd), dtype),
                   (f"matmul attention {tag}", matmul_attention, f"sdpa attention {tag}",
                    (sentences, opts.heads, 24, hd), dtype)]

@@ -64,8 +64,10 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
     names = {name for name, _ in times}
     assert names == {"LayerNorm", "ScaleNorm", "RMSNorm", "vector_norm p=2", "lp_normalize p=2",
                      "vector_norm p=2 bf16", "lp_normalize p=2 bf16",
-                     "vector_norm p=4", "lp_normalize p=4", "torch dropout fp32", "fast_dropout fp32",
-                     "torch dropout bf16", "fast_dropout bf16", "sdpa attention fp32", "matmul attention fp32",
+                     "vector_norm p=4", "lp_normalize p=4",
+                     *(f"{k} {t}" for k in ("torch dropout", "fast_dropout, torch's ops", "fast_dropout",
+                                             "relu dropout, torch's ops", "relu dropout") for t in ("fp32", "bf16")),
+                     "sdpa attention fp32", "matmul attention fp32",
                      "sdpa attention bf16", "matmul attention bf16", "log_softmax loss bf16", "fused loss bf16",
                      *(["compiled torch dropout bf16", "fused_kernels loss bf16", "fused_kernels lp_normalize p=2 bf16"]
                        if compiler else [])}

@@ -1,0 +1,191 @@
+/* --fast-dropout on a CPU: each dropout pattern as one pass over memory, its mask drawn inside the
+ * pass from the stream fast_dropout.py's numpy path draws (PCG64DXSM, four 16-bit draws per 64-bit
+ * word, low bits first), kept for the backward as one byte per unit (ReLU's backward reads its
+ * output instead).
+ *
+ * The arithmetic is torch's for the ops it replaces, so the bits are the same
+ * (tests/unit/test_fast_dropout_native.py): a product or sum of bf16 values is computed in fp32 and
+ * rounded to the nearest even bf16; the mask's value is 1/keep rounded to the activations' dtype;
+ * addcmul on bf16 multiplies, then adds, in fp32 (built with -ffp-contract=off, so no fused
+ * multiply-add where torch has none), and on fp32 is one fused multiply-add, as torch's.
+ *
+ * Threads: OpenMP, the runtime torch loaded (the same libgomp.so.1), each thread on whole blocks
+ * of draws from the state advanced to its first block (an LCG jumps ahead in log2(steps) steps).
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef unsigned __int128 u128;
+
+#define MULTIPLIER 0xda942042e4dd58b5ULL /* PCG64DXSM's "cheap" 64-bit LCG multiplier */
+#define BLOCK 1024                       /* draws a block: 256 words */
+
+enum { F32 = 0, BF16 = 1 };
+enum { MUL = 0, ADD = 1, RELU = 2 }; /* x * m, residual + x * m, relu(x) * m */
+
+static inline uint64_t pcg_next(u128 *state, u128 inc) {
+    /* DXSM output of the state before the step */
+    uint64_t hi = (uint64_t)(*state >> 64), lo = (uint64_t)*state | 1;
+    hi ^= hi >> 32;
+    hi *= MULTIPLIER;
+    hi ^= hi >> 48;
+    hi *= lo;
+    *state = *state * (u128)MULTIPLIER + inc;
+    return hi;
+}
+
+static u128 pcg_advance(u128 state, u128 inc, uint64_t steps) {
+    /* the affine map s -> a s + c applied STEPS times, by squaring (Brown, 1994) */
+    u128 a = MULTIPLIER, c = inc, acc_a = 1, acc_c = 0;
+    for (; steps; steps >>= 1) {
+        if (steps & 1) {
+            acc_a *= a;
+            acc_c = acc_c * a + c;
+        }
+        c *= a + 1;
+        a *= a;
+    }
+    return acc_a * state + acc_c;
+}
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (f != f)
+        return 0x7fc0;
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+static inline float load(const void *p, int dtype, int64_t i) {
+    return dtype == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void store(void *p, int dtype, int64_t i, float v) {
+    if (dtype == BF16)
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* BODY on each block of N elements, the block's draws in DRAW, on THREADS threads (a variable of the
+ * caller), each on its share of the blocks [first, last) of the stream at STATE. */
+#define FOR_BLOCKS(N, BODY)                                                       \
+    int64_t nblocks_ = ((N) + BLOCK - 1) / BLOCK;                                          \
+    _Pragma("omp parallel num_threads(threads)") {                                       \
+        int nt_ = omp_get_num_threads(), t_ = omp_get_thread_num();                        \
+        int64_t first = nblocks_ * t_ / nt_, last = nblocks_ * (t_ + 1) / nt_;             \
+        u128 s_ = pcg_advance(state, inc, (uint64_t)first * (BLOCK / 4));                  \
+        uint64_t words[BLOCK / 4];                                                         \
+        const int16_t *draw = (const int16_t *)words;                                      \
+        for (int64_t b_ = first; b_ < last; b_++) {                                        \
+            for (int k_ = 0; k_ < BLOCK / 4; k_++)                                         \
+                words[k_] = pcg_next(&s_, inc);                                            \
+            int64_t off = b_ * BLOCK, len = (N) - off < BLOCK ? (N) - off : BLOCK;         \
+            BODY                                                                           \
+        }                                                                                  \
+    }
+
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
+
+#define STATE_ARGS uint64_t state_hi, uint64_t state_lo, uint64_t inc_hi, uint64_t inc_lo
+#define STATE_INIT                                                  \
+    u128 state = ((u128)state_hi << 64) | state_lo;                 \
+    u128 inc = ((u128)inc_hi << 64) | inc_lo;
+
+/* N draws of the stream, as numpy's random_raw viewed as int16 gives them. */
+void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
+    STATE_INIT
+    FOR_BLOCKS(n, { memcpy(out + off, draw, (size_t)len * sizeof(int16_t)); })
+}
+
+/* y = x * m, residual + x * m or relu(x) * m (KIND), m = SCALE where the draw < THRESHOLD, else 0;
+ * for x * m and residual + x * m, KEPT[i] = 1 where m is SCALE, for the backward. */
+void qk_dropout_forward(int kind, int dtype, const void *x, const void *residual, void *y, uint8_t *kept, int64_t n,
+                        STATE_ARGS, int threshold, float scale, int threads) {
+    STATE_INIT
+    if (kind == RELU) {
+        if (dtype == BF16) {
+            FOR_BLOCKS(n, {
+                for (int64_t i = 0; i < len; i++) {
+                    float v = load(x, BF16, off + i);
+                    store(y, BF16, off + i, (v <= 0.0f ? 0.0f : v) * (draw[i] < threshold ? scale : 0.0f));
+                }
+            })
+        } else {
+            FOR_BLOCKS(n, {
+                for (int64_t i = 0; i < len; i++) {
+                    float v = load(x, F32, off + i);
+                    store(y, F32, off + i, (v <= 0.0f ? 0.0f : v) * (draw[i] < threshold ? scale : 0.0f));
+                }
+            })
+        }
+        return;
+    }
+    if (dtype == BF16 && kind == ADD) {
+        FOR_BLOCKS(n, {
+            for (int64_t i = 0; i < len; i++) {
+                kept[off + i] = draw[i] < threshold;
+                store(y, BF16, off + i, load(residual, BF16, off + i) + load(x, BF16, off + i) * (kept[off + i] ? scale : 0.0f));
+            }
+        })
+    } else if (dtype == BF16) {
+        FOR_BLOCKS(n, {
+            for (int64_t i = 0; i < len; i++) {
+                kept[off + i] = draw[i] < threshold;
+                store(y, BF16, off + i, load(x, BF16, off + i) * (kept[off + i] ? scale : 0.0f));
+            }
+        })
+    } else if (kind == ADD) {
+        FOR_BLOCKS(n, {
+            for (int64_t i = 0; i < len; i++) {
+                kept[off + i] = draw[i] < threshold;
+                store(y, F32, off + i, __builtin_fmaf(load(x, F32, off + i), kept[off + i] ? scale : 0.0f, load(residual, F32, off + i)));
+            }
+        })
+    } else {
+        FOR_BLOCKS(n, {
+            for (int64_t i = 0; i < len; i++) {
+                kept[off + i] = draw[i] < threshold;
+                store(y, F32, off + i, load(x, F32, off + i) * (kept[off + i] ? scale : 0.0f));
+            }
+        })
+    }
+}
+
+/* The gradient through x * m: grad * m, m = SCALE where KEPT, else 0. */
+void qk_dropout_backward(int dtype, const void *grad, const uint8_t *kept, void *out, int64_t n, float scale, int threads) {
+    if (dtype == BF16) {
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            store(out, BF16, i, load(grad, BF16, i) * (kept[i] ? scale : 0.0f));
+    } else {
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            store(out, F32, i, load(grad, F32, i) * (kept[i] ? scale : 0.0f));
+    }
+}
+
+/* The gradient through relu(x) * m from its output Y: where y > 0 the mask was SCALE, so grad * SCALE
+ * there, else 0 (threshold_backward of grad * m, whose test is y <= 0). One case differs: a NaN output
+ * (x NaN, or +inf dropped) gets grad * SCALE where torch's ops give grad * m; fairseq stops a run with
+ * NaN activations at its finite-gradient check either way. */
+void qk_relu_dropout_backward(int dtype, const void *grad, const void *y, void *out, int64_t n, float scale,
+                              int threads) {
+    if (dtype == BF16) {
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            store(out, BF16, i, load(y, BF16, i) <= 0.0f ? 0.0f : load(grad, BF16, i) * scale);
+    } else {
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            store(out, F32, i, load(y, F32, i) <= 0.0f ? 0.0f : load(grad, F32, i) * scale);
+    }
+}

@@ -1,0 +1,65 @@
+"""C kernels of csrc/, compiled for this machine on first use and loaded with ctypes.
+
+A kernel is built by the C compiler on PATH ($CC, else cc, gcc or clang) with -march=native and
+OpenMP, once per source, compiler and CPU: the library is kept under $QKNORM_CACHE (default
+~/.cache/qknorm_fairseq) with a name that hashes all three, so a checkout on a machine with other
+instruction sets builds its own. No torch headers are needed, so a build takes a fraction of a second.
+"""
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+SOURCES = Path(__file__).parent / "csrc"
+# -ffp-contract=off: no fused multiply-add, so a product and a sum round as torch's ops round them
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+COMPILERS = ("cc", "gcc", "clang")
+
+
+class NativeError(RuntimeError):
+    pass
+
+
+def cache_dir():
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qknorm_fairseq"
+    return Path(os.environ.get("QKNORM_CACHE") or default)
+
+
+def compiler():
+    """The C compiler's path: $CC, else the first of COMPILERS on PATH, else None."""
+    names = [os.environ["CC"]] if os.environ.get("CC") else COMPILERS
+    return next(filter(None, map(shutil.which, names)), None)
+
+
+def _cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+@functools.cache
+def load(name):
+    """The ctypes library built from csrc/NAME.c; NativeError (one line) where it cannot be built."""
+    source = SOURCES / f"{name}.c"
+    cc = compiler()
+    if cc is None:
+        raise NativeError(f"no C compiler ($CC or {', '.join(COMPILERS)}) on PATH to build {source.name}")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha1(b"\0".join(s.encode() for s in (source.read_text(), " ".join(FLAGS), version, _cpu())))
+    lib = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        partial = lib.with_name(f".{lib.name}.{os.getpid()}")
+        built = subprocess.run([cc, *FLAGS, str(source), "-o", str(partial)], capture_output=True, text=True)
+        if built.returncode:
+            partial.unlink(missing_ok=True)
+            first = next((line for line in built.stderr.splitlines() if "error" in line), built.stderr.strip()[:200])
+            raise NativeError(f"{cc} could not build {source.name}: {first}")
+        os.replace(partial, lib)  # atomic: a process beside this one loads a whole library or builds its own
+    return ctypes.CDLL(str(lib))
