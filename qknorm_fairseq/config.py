@@ -66,7 +66,8 @@ class QKNormConfig(FairseqDataclass):
                                          "seeded from torch's generator at every mask) instead of torch's "
                                          "bernoulli_ (faster: benchmark.sh kernels); the same distribution, another "
                                          "random stream; a residual's dropout and addition in one op (one rounding), "
-                                         "ReLU and its dropout in one autograd function (qknorm_fairseq/fast_dropout.py)"})
+                                         "ReLU and its dropout in one autograd function; on a CPU each of these one C loop, built on "
+                                         "first use by the C compiler, the same bits (qknorm_fairseq/fast_dropout.py)"})
     attention_kernel: ChoiceEnum(["sdpa", "matmul"]) = field(
         default="sdpa", metadata={"help": "softmax attention through torch's scaled_dot_product_attention (sdpa: "
                                           "fused kernels) or as matmul, softmax, matmul (on a CPU in bf16 0.17x sdpa's "

@@ -61,6 +61,7 @@ def run(opts):
         cases += [("vector_norm p=2 bf16", reference_lp(2), None, (opts.tokens, opts.heads, hd), bf16),
                   ("lp_normalize p=2 bf16", lambda x: lp_normalize(x, 2), "vector_norm p=2 bf16",
                    (opts.tokens, opts.heads, hd), bf16)]
+
     def torch_ops(fn):  # --fast-dropout's masks applied by torch's ops, not its C loop
         def run(x):
             with native_kernels(False):
