@@ -4,7 +4,7 @@
  * output instead).
  *
  * The arithmetic is torch's for the ops it replaces, so the bits are the same
- * (tests/unit/test_fast_dropout_native.py): a product or sum of bf16 values is computed in fp32 and
+ * (tests/unit/test_native.py): a product or sum of bf16 values is computed in fp32 and
  * rounded to the nearest even bf16; the mask's value is 1/keep rounded to the activations' dtype;
  * addcmul on bf16 multiplies, then adds, in fp32 (built with -ffp-contract=off, so no fused
  * multiply-add where torch has none), and on fp32 is one fused multiply-add, as torch's.
