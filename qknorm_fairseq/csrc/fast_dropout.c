@@ -106,71 +106,56 @@ void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
     FOR_BLOCKS(n, { memcpy(out + off, draw, (size_t)len * sizeof(int16_t)); })
 }
 
+/* STMT twice, with DT the constant BF16 or F32: each loop compiled for its dtype. */
+#define BY_DTYPE(STMT)                 \
+    if (dtype == BF16) {               \
+        const int DT = BF16;           \
+        STMT                           \
+    } else {                           \
+        const int DT = F32;            \
+        STMT                           \
+    }
+
+/* BODY for each element j of each block, DRAWN whether its draw keeps it, M its mask's value. */
+#define FOR_DRAWS(BODY)                                                   \
+    BY_DTYPE(FOR_BLOCKS(n, {                                              \
+        for (int64_t i = 0; i < len; i++) {                               \
+            int64_t j = off + i;                                          \
+            int drawn = draw[i] < threshold;                              \
+            float m = drawn ? scale : 0.0f;                               \
+            BODY;                                                         \
+        }                                                                 \
+    }))
+
+/* BODY for each element i < N, on THREADS threads. */
+#define FOR_EACH(BODY)                                                    \
+    BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)") \
+             for (int64_t i = 0; i < n; i++) { BODY; })
+
+static inline float relu(float v) { return v <= 0.0f ? 0.0f : v; } /* NaN stays NaN, as torch's */
+
+static inline float addmul(int dtype, float r, float x, float m) {
+    /* torch's addcmul: on fp32 one fused multiply-add, on bf16 a product and a sum in fp32 */
+    return dtype == F32 ? __builtin_fmaf(x, m, r) : r + x * m;
+}
+
 /* y = x * m, residual + x * m or relu(x) * m (KIND), m = SCALE where the draw < THRESHOLD, else 0;
- * for x * m and residual + x * m, KEPT[i] = 1 where m is SCALE, for the backward. */
+ * for x * m and residual + x * m, KEPT[j] = 1 where m is SCALE, for the backward. */
 void qk_dropout_forward(int kind, int dtype, const void *x, const void *residual, void *y, uint8_t *kept, int64_t n,
                         STATE_ARGS, int threshold, float scale, int threads) {
     STATE_INIT
     if (kind == RELU) {
-        if (dtype == BF16) {
-            FOR_BLOCKS(n, {
-                for (int64_t i = 0; i < len; i++) {
-                    float v = load(x, BF16, off + i);
-                    store(y, BF16, off + i, (v <= 0.0f ? 0.0f : v) * (draw[i] < threshold ? scale : 0.0f));
-                }
-            })
-        } else {
-            FOR_BLOCKS(n, {
-                for (int64_t i = 0; i < len; i++) {
-                    float v = load(x, F32, off + i);
-                    store(y, F32, off + i, (v <= 0.0f ? 0.0f : v) * (draw[i] < threshold ? scale : 0.0f));
-                }
-            })
-        }
-        return;
-    }
-    if (dtype == BF16 && kind == ADD) {
-        FOR_BLOCKS(n, {
-            for (int64_t i = 0; i < len; i++) {
-                kept[off + i] = draw[i] < threshold;
-                store(y, BF16, off + i, load(residual, BF16, off + i) + load(x, BF16, off + i) * (kept[off + i] ? scale : 0.0f));
-            }
-        })
-    } else if (dtype == BF16) {
-        FOR_BLOCKS(n, {
-            for (int64_t i = 0; i < len; i++) {
-                kept[off + i] = draw[i] < threshold;
-                store(y, BF16, off + i, load(x, BF16, off + i) * (kept[off + i] ? scale : 0.0f));
-            }
-        })
+        FOR_DRAWS(store(y, DT, j, relu(load(x, DT, j)) * m))
     } else if (kind == ADD) {
-        FOR_BLOCKS(n, {
-            for (int64_t i = 0; i < len; i++) {
-                kept[off + i] = draw[i] < threshold;
-                store(y, F32, off + i, __builtin_fmaf(load(x, F32, off + i), kept[off + i] ? scale : 0.0f, load(residual, F32, off + i)));
-            }
-        })
+        FOR_DRAWS(kept[j] = drawn; store(y, DT, j, addmul(DT, load(residual, DT, j), load(x, DT, j), m)))
     } else {
-        FOR_BLOCKS(n, {
-            for (int64_t i = 0; i < len; i++) {
-                kept[off + i] = draw[i] < threshold;
-                store(y, F32, off + i, load(x, F32, off + i) * (kept[off + i] ? scale : 0.0f));
-            }
-        })
+        FOR_DRAWS(kept[j] = drawn; store(y, DT, j, load(x, DT, j) * m))
     }
 }
 
 /* The gradient through x * m: grad * m, m = SCALE where KEPT, else 0. */
 void qk_dropout_backward(int dtype, const void *grad, const uint8_t *kept, void *out, int64_t n, float scale, int threads) {
-    if (dtype == BF16) {
-        #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            store(out, BF16, i, load(grad, BF16, i) * (kept[i] ? scale : 0.0f));
-    } else {
-        #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            store(out, F32, i, load(grad, F32, i) * (kept[i] ? scale : 0.0f));
-    }
+    FOR_EACH(store(out, DT, i, load(grad, DT, i) * (kept[i] ? scale : 0.0f)))
 }
 
 /* The gradient through relu(x) * m from its output Y: where y > 0 the mask was SCALE, so grad * SCALE
@@ -179,13 +164,5 @@ void qk_dropout_backward(int dtype, const void *grad, const uint8_t *kept, void 
  * NaN activations at its finite-gradient check either way. */
 void qk_relu_dropout_backward(int dtype, const void *grad, const void *y, void *out, int64_t n, float scale,
                               int threads) {
-    if (dtype == BF16) {
-        #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            store(out, BF16, i, load(y, BF16, i) <= 0.0f ? 0.0f : load(grad, BF16, i) * scale);
-    } else {
-        #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            store(out, F32, i, load(y, F32, i) <= 0.0f ? 0.0f : load(grad, F32, i) * scale);
-    }
+    FOR_EACH(store(out, DT, i, load(y, DT, i) <= 0.0f ? 0.0f : load(grad, DT, i) * scale))
 }
