@@ -15,8 +15,9 @@ import subprocess
 from pathlib import Path
 
 SOURCES = Path(__file__).parent / "csrc"
-# -ffp-contract=off: no fused multiply-add, so a product and a sum round as torch's ops round them
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+# -ffp-contract=off: no fused multiply-add, so a product and a sum round as torch's ops round them;
+# -fno-math-errno: sqrtf vectorised (it sets no errno, the only difference)
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 COMPILERS = ("cc", "gcc", "clang")
 
 
@@ -51,7 +52,8 @@ def load(name):
     if cc is None:
         raise NativeError(f"no C compiler ($CC or {', '.join(COMPILERS)}) on PATH to build {source.name}")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha1(b"\0".join(s.encode() for s in (source.read_text(), " ".join(FLAGS), version, _cpu())))
+    texts = [source.read_text(), *(h.read_text() for h in sorted(SOURCES.glob("*.h")))]  # the headers it may include
+    key = hashlib.sha1(b"\0".join(s.encode() for s in (*texts, " ".join(FLAGS), version, _cpu())))
     lib = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,16 @@ training). Its state (step, exp_avg, exp_avg_sq per parameter) is fairseq's, so 
 either optimizer resumes with the other. The LR scheduler and fp16/bf16 (fp32 master weights) are
 fairseq's, as with `adam`; the gradient norm for clipping, one `norm` per parameter in fairseq, is
 one multi-tensor operation here, with the same result.
+
+With `--fused-adam` under `--bf16` on a CPU, trainer.FlatBF16Optimizer's flat fp32 master steps in one
+C loop (csrc/flat_adam.c, built by native.py) that reads the model's bf16 gradients and writes its bf16
+weights as it goes, where fairseq's step widens the gradients into the master's, steps, and narrows the
+weights back: three passes over every parameter, and two of them a copy per parameter tensor. The
+same formula as the compiled loop, other rounding (fp32 throughout, no fused multiply-add); the
+gradient norm for clipping is summed in fp64 from the bf16 gradients.
 """
+import ctypes
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Collection
@@ -26,6 +35,10 @@ import torch
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
+
+from . import native
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -97,6 +110,24 @@ class MultiTensorAdam(torch.optim.Optimizer):
                 torch._foreach_addcdiv_(ps, exp_avgs, denom, value=-step_size)
         return loss
 
+    @torch.no_grad()
+    def flat_bf16_step(self, weights, grads, factor):
+        """The fused step of this optimizer's one flat fp32 parameter (the master of the bf16 WEIGHTS,
+        end to end) from their bf16 GRADS (None: no gradient) times FACTOR, the weights written back
+        rounded to bf16: csrc/flat_adam.c's loop (flat_bf16_library())."""
+        (group,) = self.param_groups
+        (flat,) = group["params"]
+        state = self.state[flat]
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(flat), exp_avg_sq=torch.zeros_like(flat))
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        step_size = group["lr"] * math.sqrt(1 - beta2**state["step"]) / (1 - beta1**state["step"])
+        flat_bf16_library().qk_adam_bf16(
+            len(weights), _pointers(weights), _pointers(grads), _sizes(weights), flat.data_ptr(),
+            state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), float(factor), step_size, beta1, beta2,
+            group["eps"], group["weight_decay"] * group["lr"], torch.get_num_threads())
+
     def _fused_step(self, group, step, ps, scale):
         from .fused_kernels import adam_update  # imported only here: it imports torch._dynamo (2 s)
 
@@ -107,6 +138,41 @@ class MultiTensorAdam(torch.optim.Optimizer):
             state = self.state[p]
             adam_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], factor.to(p.device), step_size.to(p.device),
                         beta1, beta2, group["eps"], group["weight_decay"] * group["lr"])
+
+
+_UNBUILT = object()
+_library = _UNBUILT
+
+
+def flat_bf16_library():
+    """csrc/flat_adam.c's loops, or None (a warning, once) where they cannot be built."""
+    global _library
+    if _library is _UNBUILT:
+        try:
+            _library = native.load("flat_adam")
+            _library.qk_sumsq_bf16.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+            _library.qk_sumsq_bf16.restype = ctypes.c_double
+            _library.qk_adam_bf16.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_float] * 6
+                                              + [ctypes.c_int])
+        except native.NativeError as e:
+            logger.warning(f"--fused-adam: {e}; the bf16 weights step through the compiled loop and fairseq's "
+                           "copies instead (docs/performance.md)")
+            _library = None
+    return _library
+
+
+def _pointers(tensors):
+    return (ctypes.c_void_p * len(tensors))(*(None if t is None else t.data_ptr() for t in tensors))
+
+
+def _sizes(tensors):
+    return (ctypes.c_int64 * len(tensors))(*(t.numel() for t in tensors))
+
+
+def bf16_grad_norm(weights, grads):
+    """The l2 norm of GRADS (bf16, None: none), as an fp32 scalar tensor: csrc/flat_adam.c's sum in fp64."""
+    total = flat_bf16_library().qk_sumsq_bf16(len(grads), _pointers(grads), _sizes(weights), torch.get_num_threads())
+    return torch.tensor(math.sqrt(total), dtype=torch.float32)
 
 
 @register_optimizer("multi_tensor_adam", dataclass=MultiTensorAdamConfig)

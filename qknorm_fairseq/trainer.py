@@ -15,7 +15,9 @@ keeps fairseq's Trainer. The arithmetic of an update is unchanged; what changes:
   flat fp32 tensor: gradients are copied into it with one multi-tensor copy (so zero_grad leaves it
   as it is; only a parameter without a gradient gets zeros), clipped with one norm, stepped as one
   tensor, and copied back with one multi-tensor copy. Same formula; a checkpoint's
-  optimizer state is then one flat tensor, like fairseq's flat --fp16 state.
+  optimizer state is then one flat tensor, like fairseq's flat --fp16 state. With --fused-adam on a
+  CPU the norm, the step and both copies are one C loop each over the bf16 gradients
+  (optimizer.flat_bf16_step).
 """
 import logging
 from unittest import mock
@@ -25,6 +27,8 @@ from fairseq import optim
 from fairseq.logging import metrics
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 from fairseq.trainer import Trainer
+
+from . import optimizer as multi_tensor_adam
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +58,37 @@ class FlatBF16Optimizer(FP16Optimizer):
         # read by fairseq's FP16Optimizer.step (getattr): pass the factor to an optimizer that takes it
         return self.fp32_optimizer.supports_step_with_scale
 
+    def _native(self):
+        """The bf16 weights and gradients where --fused-adam's C loops take the step (CPU bf16 weights and
+        gradients, contiguous; the library built), else None."""
+        adam = getattr(self.fp32_optimizer, "_optimizer", None)
+        if not (isinstance(adam, multi_tensor_adam.MultiTensorAdam) and adam.fused and self.scaler is None):
+            return None
+        weights, grads = self.fp16_params, [p.grad for p in self.fp16_params]
+        if not all(t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.is_contiguous()
+                   for t in weights + [g for g in grads if g is not None]):
+            return None
+        if multi_tensor_adam.flat_bf16_library() is None:
+            return None
+        return weights, grads
+
+    def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
+        native = self._native()
+        if native is None:
+            return super().clip_grad_norm(max_norm, aggregate_norm_fn)
+        # fairseq's clip_grad_norm without the copy into the master's gradient (scaler: None under bf16)
+        norm = multi_tensor_adam.bf16_grad_norm(*native)
+        grad_norm = self._multiply_factor * (norm if aggregate_norm_fn is None else aggregate_norm_fn(norm))
+        if max_norm > 0.0:
+            self._multiply_factor *= (max_norm / (grad_norm + 1e-6)).clamp_(max=1)
+        return grad_norm
+
     def step(self, closure=None, groups=None):
-        super().step(closure, groups)
+        native = self._native()
+        if native is not None and closure is None and groups is None:
+            self.fp32_optimizer._optimizer.flat_bf16_step(*native, self._multiply_factor)
+        else:
+            super().step(closure, groups)
         # fairseq resets the factor where it multiplies the gradients by it (_unscale_grads), which a
         # step with scale skips: without this, every update's clipping would compound into the next
         self._multiply_factor = 1.0

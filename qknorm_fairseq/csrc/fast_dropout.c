@@ -12,8 +12,7 @@
  * Threads: OpenMP, the runtime torch loaded (the same libgomp.so.1), each thread on whole blocks
  * of draws from the state advanced to its first block (an LCG jumps ahead in log2(steps) steps).
  */
-#include <stdint.h>
-#include <string.h>
+#include "bf16.h"
 
 typedef unsigned __int128 u128;
 
@@ -46,21 +45,6 @@ static u128 pcg_advance(u128 state, u128 inc, uint64_t steps) {
         a *= a;
     }
     return acc_a * state + acc_c;
-}
-
-static inline float bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (f != f)
-        return 0x7fc0;
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
 static inline float load(const void *p, int dtype, int64_t i) {

@@ -1,6 +1,8 @@
 """The leaner training step: each change against fairseq's own computation, bit for bit
 in fp32, and the fast paths (flat bf16 master, --fast-dropout, --length-buckets) against what they
 replace."""
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -8,11 +10,11 @@ from fairseq import utils
 from fairseq.models.transformer import TransformerEncoderBase
 from omegaconf import OmegaConf
 
-from qknorm_fairseq import fused_kernels
+from qknorm_fairseq import fused_kernels, native, optimizer
 from qknorm_fairseq.criterion import masked_label_smoothed_nll_loss
 from qknorm_fairseq.fast_dropout import FastDropout, fast_dropout, keep_mask, uniform_int16
 from qknorm_fairseq.length_buckets import LengthBucketDataset, bucket_batches, bucket_bounds
-from qknorm_fairseq.optimizer import FairseqMultiTensorAdam
+from qknorm_fairseq.optimizer import FairseqMultiTensorAdam, MultiTensorAdam
 from qknorm_fairseq.trainer import FlatBF16Optimizer
 
 from helpers import batch, build
@@ -34,19 +36,26 @@ def _params(seed):
     return [torch.nn.Parameter(torch.randn(s, generator=g).bfloat16()) for s in shapes]
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["multi-tensor", "fused-adam"])
-def test_flat_bf16_master_steps_as_fairseqs_per_parameter_masters(fused):
+@pytest.mark.parametrize("fused", [None, "compiled", "C"], ids=["multi-tensor", "fused-adam compiled", "fused-adam C loop"])
+def test_flat_bf16_master_steps_as_fairseqs_per_parameter_masters(fused, monkeypatch):
     """fairseq's FP16Optimizer under --bf16 (one fp32 copy per parameter, its adam) and ours (one flat
     fp32 tensor, multi_tensor_adam; with --fused-adam the clipping factor goes to its compiled step
-    instead of into the gradients): the same bf16 weights and fp32 masters after clipped steps."""
+    instead of into the gradients, or on a CPU to its C loop, which reads the bf16 gradients and writes
+    the bf16 weights itself): the same bf16 weights and fp32 masters after clipped steps."""
     from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-    if fused and not fused_kernels.has_compiler():
+    if fused == "compiled" and not fused_kernels.has_compiler():
         pytest.skip("no C++ compiler on PATH: torch.compile cannot build the CPU kernels")
+    if fused == "C" and native.compiler() is None:
+        pytest.skip("no C compiler on PATH to build csrc/flat_adam.c")
+    if fused == "compiled":
+        monkeypatch.setattr(FlatBF16Optimizer, "_native", lambda self: None)
+    c_steps, c_step = [], MultiTensorAdam.flat_bf16_step
+    monkeypatch.setattr(MultiTensorAdam, "flat_bf16_step", lambda self, *a: c_steps.append(a) or c_step(self, *a))
     ref_params, flat_params = _params(0), _params(0)
     ref = FP16Optimizer.build_optimizer(_cfg("adam"), ref_params)
-    flat = FlatBF16Optimizer.build_optimizer(_cfg(fused_adam=fused), flat_params)
-    assert flat.supports_step_with_scale == fused
+    flat = FlatBF16Optimizer.build_optimizer(_cfg(fused_adam=bool(fused)), flat_params)
+    assert flat.supports_step_with_scale == bool(fused)
     assert flat.fp32_params.numel() == sum(p.numel() for p in flat_params) and flat.fp32_params.dtype == torch.float32
     for step in range(3):
         g = torch.Generator().manual_seed(10 + step)
@@ -62,11 +71,35 @@ def test_flat_bf16_master_steps_as_fairseqs_per_parameter_masters(fused):
             opt.step()
         # the norm of one flat tensor and fairseq's norm of per-parameter norms differ in rounding only
         assert norms[0] > 1 and torch.allclose(norms[0], norms[1], rtol=1e-6)
+    assert len(c_steps) == (3 if fused == "C" else 0)
     ref32 = torch.cat([p.reshape(-1) for p in ref.fp32_params])
     assert torch.allclose(ref32, flat.fp32_params.data, rtol=1e-6, atol=1e-7)
     for p, q, master in zip(ref_params, flat_params, flat._master):
         assert q.dtype == torch.bfloat16 and torch.equal(q, master.bfloat16())  # the masters written back
         assert torch.allclose(p.float(), q.float(), rtol=1e-2)
+
+
+def test_without_a_compiler_fused_adam_steps_through_its_compiled_loop_with_a_warning(tmp_path, monkeypatch, caplog):
+    from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+    monkeypatch.setenv("CC", "no-such-compiler-qk")
+    monkeypatch.setenv("QKNORM_CACHE", str(tmp_path))
+    monkeypatch.setattr(optimizer, "_library", optimizer._UNBUILT)
+    native.load.cache_clear()
+    params = _params(0)
+    flat = FlatBF16Optimizer.build_optimizer(_cfg(fused_adam=True), params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    flat._needs_sync = True
+    with caplog.at_level(logging.WARNING, logger="qknorm_fairseq.optimizer"):
+        assert flat._native() is None
+        monkeypatch.setattr(FP16Optimizer, "clip_grad_norm", lambda self, *a: "fairseq's clip")
+        assert flat.clip_grad_norm(1.0) == "fairseq's clip"
+    assert optimizer.flat_bf16_library() is None
+    assert [r.message for r in caplog.records] == [
+        "--fused-adam: no C compiler ($CC or cc, gcc, clang) on PATH to build flat_adam.c; the bf16 weights step "
+        "through the compiled loop and fairseq's copies instead (docs/performance.md)"]
+    native.load.cache_clear()
 
 
 def test_multi_tensor_clip_is_fairseqs_clip_bit_for_bit():

@@ -1,5 +1,6 @@
 """qknorm_fairseq/native.py's build of the C kernels, and --fast-dropout's kernels (csrc/fast_dropout.c)
-against numpy's generator and the torch ops they replace, bit for bit."""
+against numpy's generator and the torch ops they replace, bit for bit (--fused-adam's csrc/flat_adam.c:
+tests/unit/test_optimizer.py and test_fast_step.py)."""
 import logging
 
 import numpy as np
@@ -36,6 +37,17 @@ def test_a_kernel_is_built_once_per_source_and_cpu_and_kept(fresh_build, monkeyp
     native.load("fast_dropout")
     assert len(list(fresh_build.glob("fast_dropout-*.so"))) == 2  # -march=native: a build per CPU
     assert not list(fresh_build.glob(".*"))  # no partial file left
+
+
+@needs_library
+def test_a_header_the_source_includes_is_part_of_its_build(fresh_build, tmp_path, monkeypatch):
+    (tmp_path / "k.c").write_text('#include "k.h"\nint k(void) { return K; }\n')
+    monkeypatch.setattr(native, "SOURCES", tmp_path)
+    for value in (1, 2):
+        (tmp_path / "k.h").write_text(f"#define K {value}\n")
+        native.load.cache_clear()
+        assert native.load("k").k() == value
+    assert len(list(fresh_build.glob("k-*.so"))) == 2
 
 
 def test_no_compiler_is_one_line_and_dropout_falls_back_to_torchs_ops_with_a_warning(fresh_build, monkeypatch, caplog):

@@ -1,12 +1,13 @@
-"""`--optimizer multi_tensor_adam` against fairseq's own Adam (fairseq/optim/adam.py), on the CPU."""
+"""`--optimizer multi_tensor_adam` against fairseq's own Adam (fairseq/optim/adam.py), on the CPU, and
+--fused-adam's C loop for a flat bf16 master (csrc/flat_adam.c) against the formula in fp64."""
 import copy
 
 import pytest
 import torch
 from fairseq.optim.adam import Adam as FairseqAdamImpl
 
-from qknorm_fairseq import fused_kernels
-from qknorm_fairseq.optimizer import MultiTensorAdam
+from qknorm_fairseq import fused_kernels, native
+from qknorm_fairseq.optimizer import MultiTensorAdam, bf16_grad_norm
 
 
 def _params(seed=0):
@@ -98,3 +99,71 @@ def test_the_fused_update_equals_fairseqs_adam_with_the_gradients_scale_folded_i
     for p, q in zip(ours_p, ref_p):
         assert ours.state[p]["step"] == ref.state[q]["step"] == 12
         torch.testing.assert_close(ours.state[p]["exp_avg"], ref.state[q]["exp_avg"], rtol=1e-5, atol=1e-12)
+
+
+needs_c = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build csrc/flat_adam.c")
+
+
+def _adam_fp64(p, m, v, g, step, lr, betas, eps, decay):
+    """fairseq's Adam on one fp64 tensor, in place (decoupled weight decay, eps after the sqrt)."""
+    m.mul_(betas[0]).add_(g, alpha=1 - betas[0])
+    v.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
+    p.add_(p, alpha=-decay * lr)
+    p.sub_(m / (v.sqrt() + eps) * (lr * (1 - betas[1] ** step) ** 0.5 / (1 - betas[0] ** step)))
+
+
+@needs_c
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_the_c_step_of_a_flat_bf16_master_is_adams_formula_in_fp64(weight_decay):
+    """--fused-adam under --bf16 on a CPU: csrc/flat_adam.c steps the flat fp32 master from the bf16
+    gradients times the clipping factor (one tensor without a gradient: zeros) and writes the bf16
+    weights, against fairseq's formula in fp64 over 12 steps and an LR change (the master within 1e-6,
+    fp32's rounding of weights of about 1, while the steps move them by about 3e-2; the moments within
+    1e-6 of their largest), the weights torch's own rounding of the master, the same bits on 1 and 2 threads."""
+    shapes = [(37, 33), (5,), (4099,), (3, 4, 2)]  # sizes that are no multiple of a vector's width
+    g = torch.Generator().manual_seed(3)
+    masters = {}
+    for threads in (1, 2):
+        weights = [torch.randn(s, generator=torch.Generator().manual_seed(i)).bfloat16() for i, s in enumerate(shapes)]
+        weights0 = [w.clone() for w in weights]
+        flat = torch.nn.Parameter(torch.cat([w.float().reshape(-1) for w in weights]))
+        adam = MultiTensorAdam([flat], lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay, fused=True)
+        ref = [flat.detach().double().clone(), torch.zeros(flat.numel(), dtype=torch.float64),
+               torch.zeros(flat.numel(), dtype=torch.float64)]
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for step in range(1, 13):
+                g.manual_seed(step)
+                grads = [torch.randn(s, generator=g).bfloat16() * 10.0 ** -i for i, s in enumerate(shapes)]
+                grads[1] = None
+                factor = 0.25 + step / 8
+                if step == 7:
+                    adam.param_groups[0]["lr"] = 1e-3
+                adam.flat_bf16_step(weights, grads, torch.tensor(factor))
+                dense = torch.cat([torch.zeros(s).reshape(-1) if gr is None else gr.double().reshape(-1) * factor
+                                   for s, gr in zip(shapes, grads)])
+                _adam_fp64(*ref, dense, step, adam.param_groups[0]["lr"], (0.9, 0.98), 1e-8, weight_decay)
+        finally:
+            torch.set_num_threads(before)
+        torch.testing.assert_close(flat.detach().double(), ref[0], rtol=1e-6, atol=1e-6)
+        assert (ref[0] - torch.cat([w.double().reshape(-1) for w in weights0])).abs().max() > 1e-2
+        state = adam.state[flat]
+        assert state["step"] == 12
+        for ours, exact in zip((state["exp_avg"], state["exp_avg_sq"]), ref[1:]):
+            assert (ours.double() - exact).abs().max() <= 1e-6 * exact.abs().max()
+        for w, master in zip(weights, flat.detach().split([w.numel() for w in weights])):
+            assert w.dtype == torch.bfloat16 and torch.equal(w.reshape(-1), master.bfloat16())
+        masters[threads] = flat.detach().clone()
+    assert torch.equal(masters[1], masters[2])
+
+
+@needs_c
+def test_the_bf16_gradient_norm_is_the_fp64_norm():
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(s, generator=g).bfloat16() * 3 for s in [(4096 * 3 + 17,), (7, 9), (1,)]]
+    norm = bf16_grad_norm(grads + [torch.empty(4)], grads + [None])
+    assert norm.dtype == torch.float32 and norm.shape == ()
+    expected = torch.cat([x.double().reshape(-1) for x in grads]).norm()
+    torch.testing.assert_close(norm.double(), expected, rtol=1e-6, atol=0)  # fp32 partial sums of 256 squares
+    assert torch.equal(norm, bf16_grad_norm(grads + [torch.empty(4)], grads + [None]))
