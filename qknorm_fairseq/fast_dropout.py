@@ -25,7 +25,6 @@ with a warning.
 import contextlib
 import ctypes
 import functools
-import logging
 import math
 
 import numpy as np
@@ -33,8 +32,6 @@ import torch
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from . import native
-
-logger = logging.getLogger(__name__)
 
 
 def _seed():
@@ -73,30 +70,21 @@ def keep_mask(shape, keep, dtype, device=None):
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/fast_dropout.c's codes
 MUL, ADD, RELU = range(3)
-_UNBUILT = object()
-_library, _native_on = _UNBUILT, True
+_native_on = True
 _SIGNATURES = {
-    "qk_draws": [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_uint64] * 4 + [ctypes.c_int],
-    "qk_dropout_forward": [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_uint64] * 4
-                          + [ctypes.c_int, ctypes.c_float, ctypes.c_int],
-    "qk_dropout_backward": [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float, ctypes.c_int],
-    "qk_relu_dropout_backward": [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float, ctypes.c_int],
+    "qk_draws": ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_uint64] * 4 + [ctypes.c_int], None),
+    "qk_dropout_forward": ([ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_uint64] * 4
+                           + [ctypes.c_int, ctypes.c_float, ctypes.c_int], None),
+    "qk_dropout_backward": ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float, ctypes.c_int], None),
+    "qk_relu_dropout_backward": ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float, ctypes.c_int],
+                                 None),
 }
 
 
 def library():
     """csrc/fast_dropout.c's kernels, or None (a warning, once) where they cannot be built."""
-    global _library
-    if _library is _UNBUILT:
-        try:
-            _library = native.load("fast_dropout")
-            for name, args in _SIGNATURES.items():
-                getattr(_library, name).argtypes = args
-        except native.NativeError as e:
-            logger.warning(f"--fast-dropout: {e}; masks are applied by torch's ops instead (the same bits, "
-                           f"several passes where the C loop takes one: docs/performance.md)")
-            _library = None
-    return _library
+    return native.kernels("fast_dropout", _SIGNATURES, "--fast-dropout", "masks are applied by torch's ops instead "
+                          "(the same bits, several passes where the C loop takes one)")
 
 
 @contextlib.contextmanager

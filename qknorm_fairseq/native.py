@@ -8,6 +8,7 @@ instruction sets builds its own. No torch headers are needed, so a build takes a
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -19,6 +20,9 @@ SOURCES = Path(__file__).parent / "csrc"
 # -fno-math-errno: sqrtf vectorised (it sets no errno, the only difference)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 COMPILERS = ("cc", "gcc", "clang")
+
+
+logger = logging.getLogger(__name__)
 
 
 class NativeError(RuntimeError):
@@ -65,3 +69,27 @@ def load(name):
             raise NativeError(f"{cc} could not build {source.name}: {first}")
         os.replace(partial, lib)  # atomic: a process beside this one loads a whole library or builds its own
     return ctypes.CDLL(str(lib))
+
+
+_kernels = {}  # name -> the library with its signatures set, or None: what kernels() returned
+
+
+def kernels(name, signatures, flag, instead):
+    """load(NAME) with each function's (argtypes, restype) from SIGNATURES; where it cannot be built,
+    None, and one warning naming FLAG and what runs INSTEAD."""
+    if name not in _kernels:
+        try:
+            lib = load(name)
+            for function, (args, result) in signatures.items():
+                getattr(lib, function).argtypes, getattr(lib, function).restype = args, result
+        except NativeError as e:
+            logger.warning(f"{flag}: {e}; {instead} (docs/performance.md)")
+            lib = None
+        _kernels[name] = lib
+    return _kernels[name]
+
+
+def forget():
+    """Every library loaded or refused so far forgotten: the next use builds or loads again (tests)."""
+    load.cache_clear()
+    _kernels.clear()

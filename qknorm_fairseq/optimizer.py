@@ -24,7 +24,6 @@ same formula as the compiled loop, other rounding (fp32 throughout, no fused mul
 gradient norm for clipping is summed in fp64 from the bf16 gradients.
 """
 import ctypes
-import logging
 import math
 from collections import defaultdict
 from collections.abc import Collection
@@ -37,8 +36,6 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
 from . import native
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -140,25 +137,12 @@ class MultiTensorAdam(torch.optim.Optimizer):
                         beta1, beta2, group["eps"], group["weight_decay"] * group["lr"])
 
 
-_UNBUILT = object()
-_library = _UNBUILT
-
-
 def flat_bf16_library():
     """csrc/flat_adam.c's loops, or None (a warning, once) where they cannot be built."""
-    global _library
-    if _library is _UNBUILT:
-        try:
-            _library = native.load("flat_adam")
-            _library.qk_sumsq_bf16.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-            _library.qk_sumsq_bf16.restype = ctypes.c_double
-            _library.qk_adam_bf16.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_float] * 6
-                                              + [ctypes.c_int])
-        except native.NativeError as e:
-            logger.warning(f"--fused-adam: {e}; the bf16 weights step through the compiled loop and fairseq's "
-                           "copies instead (docs/performance.md)")
-            _library = None
-    return _library
+    return native.kernels("flat_adam", {
+        "qk_sumsq_bf16": ([ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], ctypes.c_double),
+        "qk_adam_bf16": ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_float] * 6 + [ctypes.c_int], None),
+    }, "--fused-adam", "the bf16 weights step through the compiled loop and fairseq's copies instead")
 
 
 def _pointers(tensors):

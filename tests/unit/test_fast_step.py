@@ -84,14 +84,13 @@ def test_without_a_compiler_fused_adam_steps_through_its_compiled_loop_with_a_wa
 
     monkeypatch.setenv("CC", "no-such-compiler-qk")
     monkeypatch.setenv("QKNORM_CACHE", str(tmp_path))
-    monkeypatch.setattr(optimizer, "_library", optimizer._UNBUILT)
-    native.load.cache_clear()
+    native.forget()
     params = _params(0)
     flat = FlatBF16Optimizer.build_optimizer(_cfg(fused_adam=True), params)
     for p in params:
         p.grad = torch.ones_like(p)
     flat._needs_sync = True
-    with caplog.at_level(logging.WARNING, logger="qknorm_fairseq.optimizer"):
+    with caplog.at_level(logging.WARNING, logger="qknorm_fairseq.native"):
         assert flat._native() is None
         monkeypatch.setattr(FP16Optimizer, "clip_grad_norm", lambda self, *a: "fairseq's clip")
         assert flat.clip_grad_norm(1.0) == "fairseq's clip"
@@ -99,7 +98,7 @@ def test_without_a_compiler_fused_adam_steps_through_its_compiled_loop_with_a_wa
     assert [r.message for r in caplog.records] == [
         "--fused-adam: no C compiler ($CC or cc, gcc, clang) on PATH to build flat_adam.c; the bf16 weights step "
         "through the compiled loop and fairseq's copies instead (docs/performance.md)"]
-    native.load.cache_clear()
+    native.forget()
 
 
 def test_multi_tensor_clip_is_fairseqs_clip_bit_for_bit():

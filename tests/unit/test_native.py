@@ -17,10 +17,9 @@ needs_library = pytest.mark.skipif(native.compiler() is None, reason="no C compi
 def fresh_build(tmp_path, monkeypatch):
     """An empty kernel cache and no library loaded yet, restored afterwards."""
     monkeypatch.setenv("QKNORM_CACHE", str(tmp_path / "cache"))
-    native.load.cache_clear()
-    monkeypatch.setattr(fast_dropout, "_library", fast_dropout._UNBUILT)
+    native.forget()
     yield tmp_path / "cache"
-    native.load.cache_clear()
+    native.forget()
 
 
 @needs_library
@@ -56,7 +55,7 @@ def test_no_compiler_is_one_line_and_dropout_falls_back_to_torchs_ops_with_a_war
                                                  r"fast_dropout\.c$"):
         native.load("fast_dropout")
     x = torch.randn(300, 40)
-    with caplog.at_level(logging.WARNING, logger="qknorm_fairseq.fast_dropout"):
+    with caplog.at_level(logging.WARNING, logger="qknorm_fairseq.native"):
         torch.manual_seed(2)
         y = fast_dropout.fast_dropout(x, 0.3)
     assert fast_dropout.library() is None
