@@ -22,7 +22,6 @@ as one byte per unit (ReLU's backward reads the output instead). The same bits a
 below, in one pass where they take four or five; where no C compiler is found the torch ops run,
 with a warning.
 """
-import contextlib
 import ctypes
 import functools
 import math
@@ -70,7 +69,6 @@ def keep_mask(shape, keep, dtype, device=None):
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/fast_dropout.c's codes
 MUL, ADD, RELU = range(3)
-_native_on = True
 _SIGNATURES = {
     "qk_draws": ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_uint64] * 4 + [ctypes.c_int], None),
     "qk_dropout_forward": ([ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_uint64] * 4
@@ -87,27 +85,11 @@ def library():
                           "(the same bits, several passes where the C loop takes one)")
 
 
-@contextlib.contextmanager
-def native_kernels(enabled):
-    """Within it, the C kernels are used (where built) or not: how tests and benchmarks compare them."""
-    global _native_on
-    before, _native_on = _native_on, enabled
-    try:
-        yield
-    finally:
-        _native_on = before
-
-
 def _native(x, *others):
     """Whether X's dropout runs in the C kernels (OTHERS: tensors read beside X, in X's layout)."""
-    return (_native_on and x.device.type == "cpu" and x.dtype in DTYPES and x.is_contiguous()
+    return (native.is_enabled() and x.device.type == "cpu" and x.dtype in DTYPES and x.is_contiguous()
             and all(t.dtype == x.dtype and t.is_contiguous() and t.shape == x.shape for t in others)
-            and not _compiling() and library() is not None)
-
-
-def _compiling():
-    # inside torch.compile the torch ops are traced (numpy's draws stay outside the graph)
-    return getattr(torch.compiler, "is_compiling", lambda: False)()
+            and library() is not None)
 
 
 _LOW = 2**64 - 1

@@ -9,16 +9,24 @@ The arithmetic is the same formula in fp32, rounded once to the activations' dty
 autograd's of that formula, compiled, not the hand-written one of norms.py, so the bits differ from
 a run without the flag.
 
+On a CPU, QKNorm's l2 normalisation (p = 2, every preset's) of fp32 or bf16 rows is instead one C loop
+forward and one backward (csrc/l2_normalize.c, built by native.py): Inductor's loops of it, forward
+and backward, took 35 ms of a 350 ms update at the study's size (torch.profiler, Intel Xeon with AMX),
+two passes over each row where the C loop takes one (docs/performance.md). The same formula in fp32,
+other rounding; where no C compiler is found, the compiled loops run, with a warning.
+
 Dropout stays out: Inductor's CPU random numbers are slow to draw (torch's dropout through
 torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are
 marked dynamic (batches differ in length and size): each function compiles once, plus once per
 layout it meets (a contiguous query and a permuted one), a few seconds each, the first time only
 (Inductor caches them on disk). Validation and decoding stay eager.
 """
+import ctypes
 import shutil
 
 import torch
 
+from . import native
 from .attention import power_floor
 
 COMPILERS = ("g++", "c++", "clang++")
@@ -37,16 +45,20 @@ def check_compiler(device, flag="--fused-kernels"):
                          f"{flag}")
 
 
-def _compiled(fn, flag="--fused-kernels"):
+def _compiled(fn, flag="--fused-kernels", constant_floats=False):
     """FN through torch.compile, shapes dynamic; the compiler checked at the first call (decoding a
-    checkpoint trained with the flag never calls these, so needs no compiler)."""
+    checkpoint trained with the flag never calls these, so needs no compiler). CONSTANT_FLOATS: its
+    float arguments compiled in as constants (a recompile per value), not as symbolic floats, which
+    Inductor fails to lower as an exponent (torch 2.13: KeyError 'unbacked_bindings')."""
     compiled, checked = torch.compile(fn, dynamic=True), set()
+    floats = {"specialize_float": True} if constant_floats and hasattr(torch._dynamo.config, "specialize_float") else {}
 
     def run(x, *args):
         if x.device.type not in checked:
             check_compiler(x.device, flag)
             checked.add(x.device.type)
-        return compiled(x, *args)
+        with torch._dynamo.config.patch(**floats):
+            return compiled(x, *args)
 
     return run
 
@@ -91,7 +103,65 @@ def _adam_update(p, grad, exp_avg, exp_avg_sq, factor, step_size, beta1: float, 
     p.sub_(exp_avg / (exp_avg_sq.sqrt() + eps) * step_size)  # STEP_SIZE a tensor: no recompiling as the LR moves
 
 
-lp_normalize = _compiled(_lp_normalize)
+_compiled_lp_normalize = _compiled(_lp_normalize, constant_floats=True)  # x ** p
+_CODES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/dtypes.h's
+
+
+def _library():
+    return native.kernels("l2_normalize", {
+        "qk_l2_forward": ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int], None),
+        "qk_l2_backward": ([ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int], None),
+    }, "--fused-kernels", "QKNorm's l2 normalisation runs as Inductor's compiled loops instead")
+
+
+def _dense(x):
+    """Whether X's memory is its elements without gaps, the last dim contiguous: the rows the C loops
+    walk in memory order (a permuted view too: the encoder's heads are one), whatever the view's order."""
+    if x.dim() == 0 or x.stride(-1) != 1:
+        return False
+    order = sorted(range(x.dim()), key=lambda i: -x.stride(i))
+    return x.permute(order).is_contiguous()
+
+
+def _as(t, like):
+    """T in LIKE's strides (a copy where they differ), so that the C loops meet the same rows in both."""
+    return t if t.stride() == like.stride() else torch.empty_like(like).copy_(t)
+
+
+def _threads(n):
+    return torch.get_num_threads() if n >= 32768 else 1  # at::internal::GRAIN_SIZE, as torch's own loops
+
+
+class _L2Rows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, floor):
+        d = x.size(-1)
+        y = torch.empty_like(x)  # x's strides (torch.preserve_format)
+        r = torch.empty(x.numel() // d, dtype=torch.float32, device=x.device)
+        _library().qk_l2_forward(_CODES[x.dtype], x.data_ptr(), y.data_ptr(), r.data_ptr(), r.numel(), d, floor,
+                                 _threads(x.numel()))
+        ctx.save_for_backward(x, r)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, r = ctx.saved_tensors
+        dy = _as(dy, x)
+        dx = torch.empty_like(x)
+        _library().qk_l2_backward(_CODES[x.dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), r.numel(),
+                                  x.size(-1), _threads(x.numel()))
+        return dx, None
+
+
+def lp_normalize(x, p, eps):
+    """x / max(||x||_p, eps) along the last dim in fp32, rounded once to x's dtype: the C loops for
+    p = 2 on a CPU (fp32 or bf16, dense), else Inductor's compiled loop."""
+    if (p == 2 and x.device.type == "cpu" and x.dtype in _CODES and x.numel() and _dense(x) and native.is_enabled()
+            and _library() is not None):
+        return _L2Rows.apply(x, power_floor(eps, 2))
+    return _compiled_lp_normalize(x, p, eps)
+
+
 loss_statistics = _compiled(_loss_statistics)
 loss_gradient = _compiled(_loss_gradient)
 adam_update = _compiled(_adam_update, "--fused-adam")

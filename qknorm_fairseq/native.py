@@ -5,6 +5,7 @@ OpenMP, once per source, compiler and CPU: the library is kept under $QKNORM_CAC
 ~/.cache/qknorm_fairseq) with a name that hashes all three, so a checkout on a machine with other
 instruction sets builds its own. No torch headers are needed, so a build takes a fraction of a second.
 """
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -14,6 +15,8 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+
+import torch
 
 SOURCES = Path(__file__).parent / "csrc"
 # -ffp-contract=off: no fused multiply-add, so a product and a sum round as torch's ops round them;
@@ -93,3 +96,23 @@ def forget():
     """Every library loaded or refused so far forgotten: the next use builds or loads again (tests)."""
     load.cache_clear()
     _kernels.clear()
+
+
+_enabled = True
+
+
+@contextlib.contextmanager
+def enabled(on):
+    """Within it, the C kernels are used (where built) or not: how tests and benchmarks compare them."""
+    global _enabled
+    before, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def is_enabled():
+    """Whether the C kernels may run: not switched off, and not inside torch.compile's tracing, which
+    cannot trace a ctypes call (the torch ops it replaces are traced instead)."""
+    return _enabled and not getattr(torch.compiler, "is_compiling", lambda: False)()

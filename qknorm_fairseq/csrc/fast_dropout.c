@@ -12,14 +12,13 @@
  * Threads: OpenMP, the runtime torch loaded (the same libgomp.so.1), each thread on whole blocks
  * of draws from the state advanced to its first block (an LCG jumps ahead in log2(steps) steps).
  */
-#include "bf16.h"
+#include "dtypes.h"
 
 typedef unsigned __int128 u128;
 
 #define MULTIPLIER 0xda942042e4dd58b5ULL /* PCG64DXSM's "cheap" 64-bit LCG multiplier */
 #define BLOCK 1024                       /* draws a block: 256 words */
 
-enum { F32 = 0, BF16 = 1 };
 enum { MUL = 0, ADD = 1, RELU = 2 }; /* x * m, residual + x * m, relu(x) * m */
 
 static inline uint64_t pcg_next(u128 *state, u128 inc) {
@@ -45,17 +44,6 @@ static u128 pcg_advance(u128 state, u128 inc, uint64_t steps) {
         a *= a;
     }
     return acc_a * state + acc_c;
-}
-
-static inline float load(const void *p, int dtype, int64_t i) {
-    return dtype == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-static inline void store(void *p, int dtype, int64_t i, float v) {
-    if (dtype == BF16)
-        ((uint16_t *)p)[i] = f32_to_bf16(v);
-    else
-        ((float *)p)[i] = v;
 }
 
 /* BODY on each block of N elements, the block's draws in DRAW, on THREADS threads (a variable of the
@@ -89,16 +77,6 @@ void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
     STATE_INIT
     FOR_BLOCKS(n, { memcpy(out + off, draw, (size_t)len * sizeof(int16_t)); })
 }
-
-/* STMT twice, with DT the constant BF16 or F32: each loop compiled for its dtype. */
-#define BY_DTYPE(STMT)                 \
-    if (dtype == BF16) {               \
-        const int DT = BF16;           \
-        STMT                           \
-    } else {                           \
-        const int DT = F32;            \
-        STMT                           \
-    }
 
 /* BODY for each element j of each block, DRAWN whether its draw keeps it, M its mask's value. */
 #define FOR_DRAWS(BODY)                                                   \

@@ -13,7 +13,7 @@
  */
 #include <math.h>
 
-#include "bf16.h"
+#include "dtypes.h"
 
 #define LANES 16   /* fp32 partial sums per block: a vector's width */
 #define BLOCK 4096 /* elements per fp64 addition */

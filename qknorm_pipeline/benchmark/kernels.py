@@ -29,10 +29,10 @@ HELP = "norm and l_p-normalisation kernels against their references (CPU)"
 def run(opts):
     from fairseq.modules import LayerNorm
 
-    from qknorm_fairseq import fused_kernels
+    from qknorm_fairseq import fused_kernels, native
     from qknorm_fairseq.attention import EPS, NormAttention, lp_normalize
     from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
-    from qknorm_fairseq.fast_dropout import FastDropout, fast_dropout, native_kernels
+    from qknorm_fairseq.fast_dropout import FastDropout, fast_dropout
     from qknorm_fairseq.norms import RMSNorm, ScaleNorm
 
     d, hd = opts.dim, opts.dim // opts.heads
@@ -64,7 +64,7 @@ def run(opts):
 
     def torch_ops(fn):  # --fast-dropout's masks applied by torch's ops, not its C loop
         def run(x):
-            with native_kernels(False):
+            with native.enabled(False):
                 return fn(x)
         return run
 

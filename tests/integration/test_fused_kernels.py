@@ -1,12 +1,13 @@
-"""--fused-kernels (qknorm_fairseq/fused_kernels.py): the compiled normalisation against independent
-fp64 computations (the compiled loss: tests/unit/test_criterion.py), the model's training step
-against the eager one, evaluation eager, and the errors."""
+"""--fused-kernels (qknorm_fairseq/fused_kernels.py): the normalisation (on a CPU for p = 2 its C loops,
+against the compiled loop too) against independent fp64 computations (the compiled loss:
+tests/unit/test_criterion.py), the model's training step against the eager one, evaluation eager, and
+the errors."""
 import shutil
 
 import pytest
 import torch
 
-from qknorm_fairseq import criterion, fused_kernels
+from qknorm_fairseq import criterion, fused_kernels, native
 
 from helpers import batch, build
 
@@ -55,6 +56,48 @@ def test_bf16_normalisation_rounds_once():
     assert y.dtype == torch.bfloat16
     xd = x.double()
     torch.testing.assert_close(y.double(), xd / (xd * xd).sum(-1, keepdim=True).sqrt(), rtol=2 ** -8, atol=0)
+
+
+def _normalised(x, dy, threads, c_loops):
+    """lp_normalize(X, 2) and the gradient DY sends back, on THREADS threads, with or without the C loops."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with native.enabled(c_loops):
+            xc = x.detach().clone().requires_grad_()
+            y = fused_kernels.lp_normalize(xc, 2.0, 1e-6)
+            y.backward(dy)
+    finally:
+        torch.set_num_threads(before)
+    return y.detach(), xc.grad
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build csrc/l2_normalize.c")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_cpu_the_l2_normalisation_is_one_c_loop_each_way(dtype, monkeypatch):
+    """p = 2 on dense rows (here a permuted view, as the encoder's heads) takes csrc/l2_normalize.c:
+    against the compiled loop, values to one step of DTYPE's rounding and gradients to rtol 1e-5 (fp32)
+    or one bf16 step; the same bits on 1 and 2 threads and with the upstream gradient in another layout."""
+    torch.manual_seed(4)
+    x = torch.randn(30, 40, 4, 64).to(dtype).permute(1, 2, 0, 3)
+    x[0, 0, 0] = 0  # a row under the floor
+    dy = torch.randn(x.shape).to(dtype)
+    calls = []
+    monkeypatch.setattr(fused_kernels._L2Rows, "apply", lambda *a, f=fused_kernels._L2Rows.apply: calls.append(1) or f(*a))
+    one, two, compiled = _normalised(x, dy, 1, True), _normalised(x, dy, 2, True), _normalised(x, dy, 2, False)
+    assert len(calls) == 2 and all(t.dtype == dtype and t.stride() == x.stride() for t in one + two)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    assert torch.equal(_normalised(x, dy.contiguous(), 2, True)[1], two[1])  # dy laid out unlike x
+    step = 2 ** -8 if dtype == torch.bfloat16 else 1e-5
+    for ours, theirs in zip(two, compiled):
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=step, atol=step * theirs.abs().max().item())
+
+
+def test_rows_with_gaps_take_the_compiled_loop(monkeypatch):
+    x = torch.randn(6, 3, 16)[..., ::2]  # the last dim strided
+    monkeypatch.setattr(fused_kernels._L2Rows, "apply", lambda *a: pytest.fail("the C loop took rows with gaps"))
+    y = fused_kernels.lp_normalize(x, 2.0, 1e-6)
+    torch.testing.assert_close(y, x / x.norm(dim=-1, keepdim=True), rtol=1e-6, atol=1e-7)
 
 
 def _loss_and_grads(model, crit, sample):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qknorm_fairseq import fast_dropout, native
-from qknorm_fairseq.fast_dropout import FastDropout, native_kernels
+from qknorm_fairseq.fast_dropout import FastDropout
 
 needs_library = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels")
 
@@ -93,7 +93,7 @@ def _run(pattern, x, r, dy, native_on, threads):
     xs, rs = x.clone().requires_grad_(), r.clone().requires_grad_()
     torch.set_num_threads(threads)
     torch.manual_seed(4)
-    with native_kernels(native_on):
+    with native.enabled(native_on):
         y = drop.relu(xs) if pattern == "relu" else drop.add(xs, rs) if pattern == "add" else drop(xs)
         y.backward(dy)
     return y.detach(), xs.grad, rs.grad
@@ -142,5 +142,5 @@ def test_the_c_path_keeps_a_byte_per_unit_and_its_inputs_decide_it():
     for a, b in ((x.t(), None), (x.double(), None), (x, torch.randn(64, 32).bfloat16())):
         assert not fast_dropout._native(a, *([b] if b is not None else []))
     assert fast_dropout._native(x, torch.randn(64, 32))
-    with native_kernels(False):
+    with native.enabled(False):
         assert not fast_dropout._native(x)
