@@ -75,8 +75,9 @@ class QKNormConfig(FairseqDataclass):
     fused_kernels: bool = field(
         default=False, metadata={"help": "in training, QKNorm's normalisation and --fused-loss's passes over the "
                                          "logits each run as one loop compiled by torch.compile (a C++ compiler on "
-                                         "a CPU; a few seconds' compiling the first time); the same formulas, "
-                                         "another rounding (qknorm_fairseq/fused_kernels.py)"})
+                                         "a CPU; a few seconds' compiling the first time), on a CPU the l2 "
+                                         "normalisation as C loops instead; the same formulas, another rounding "
+                                         "(qknorm_fairseq/fused_kernels.py)"})
     packed_decoder: bool = field(
         default=False, metadata={"help": "in training, the decoder computes its target's tokens only, not the "
                                          "padding: embeddings, norms, projections, feed-forward layers and output "

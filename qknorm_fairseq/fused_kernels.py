@@ -11,8 +11,7 @@ a run without the flag.
 
 On a CPU, QKNorm's l2 normalisation (p = 2, every preset's) of fp32 or bf16 rows is instead one C loop
 forward and one backward (csrc/l2_normalize.c, built by native.py): Inductor's loops of it, forward
-and backward, took 35 ms of a 350 ms update at the study's size (torch.profiler, Intel Xeon with AMX),
-two passes over each row where the C loop takes one (docs/performance.md). The same formula in fp32,
+and backward, read each row twice where the C loop reads it once (docs/performance.md times both). The same formula in fp32,
 other rounding; where no C compiler is found, the compiled loops run, with a warning.
 
 Dropout stays out: Inductor's CPU random numbers are slow to draw (torch's dropout through
@@ -132,14 +131,19 @@ def _threads(n):
     return torch.get_num_threads() if n >= 32768 else 1  # at::internal::GRAIN_SIZE, as torch's own loops
 
 
+def kernel(name, *args):
+    """Runs csrc/l2_normalize.c's NAME (one place for step_profile to time them)."""
+    getattr(_library(), name)(*args)
+
+
 class _L2Rows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, floor):
         d = x.size(-1)
         y = torch.empty_like(x)  # x's strides (torch.preserve_format)
         r = torch.empty(x.numel() // d, dtype=torch.float32, device=x.device)
-        _library().qk_l2_forward(_CODES[x.dtype], x.data_ptr(), y.data_ptr(), r.data_ptr(), r.numel(), d, floor,
-                                 _threads(x.numel()))
+        kernel("qk_l2_forward", _CODES[x.dtype], x.data_ptr(), y.data_ptr(), r.data_ptr(), r.numel(), d, floor,
+               _threads(x.numel()))
         ctx.save_for_backward(x, r)
         return y
 
@@ -148,8 +152,8 @@ class _L2Rows(torch.autograd.Function):
         x, r = ctx.saved_tensors
         dy = _as(dy, x)
         dx = torch.empty_like(x)
-        _library().qk_l2_backward(_CODES[x.dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), r.numel(),
-                                  x.size(-1), _threads(x.numel()))
+        kernel("qk_l2_backward", _CODES[x.dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), r.numel(),
+               x.size(-1), _threads(x.numel()))
         return dx, None
 
 

@@ -45,7 +45,8 @@ class MultiTensorAdamConfig(FairseqDataclass):
     weight_decay: float = field(default=0.0, metadata={"help": "decoupled weight decay, as fairseq's adam"})
     fused_adam: bool = field(default=False, metadata={
         "help": "the update as one loop per tensor compiled by torch.compile (a C++ compiler on a CPU), with "
-                "--bf16's clipping and unscaling folded in: the same formula, other rounding"})
+                "--bf16's clipping and unscaling folded in; on a CPU under --bf16 the gradient norm and the update "
+                "each one C loop from the bf16 gradients to the bf16 weights: the same formula, other rounding"})
     lr: List[float] = II("optimization.lr")
 
 

@@ -62,7 +62,7 @@ def run(opts):
                   ("lp_normalize p=2 bf16", lambda x: lp_normalize(x, 2), "vector_norm p=2 bf16",
                    (opts.tokens, opts.heads, hd), bf16)]
 
-    def torch_ops(fn):  # --fast-dropout's masks applied by torch's ops, not its C loop
+    def without_c(fn):  # without the C loops: --fast-dropout's masks applied by torch's ops, l2 compiled
         def run(x):
             with native.enabled(False):
                 return fn(x)
@@ -71,11 +71,11 @@ def run(opts):
     relu_dropout = FastDropout(0.4).relu
     for tag, dtype in (("fp32", f32), ("bf16", bf16)):
         cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, (opts.tokens, 4 * d), dtype),
-                  (f"fast_dropout, torch's ops {tag}", torch_ops(lambda x: fast_dropout(x, 0.4)), f"torch dropout {tag}",
+                  (f"fast_dropout, torch's ops {tag}", without_c(lambda x: fast_dropout(x, 0.4)), f"torch dropout {tag}",
                    (opts.tokens, 4 * d), dtype),
                   (f"fast_dropout {tag}", lambda x: fast_dropout(x, 0.4), f"fast_dropout, torch's ops {tag}",
                    (opts.tokens, 4 * d), dtype),
-                  (f"relu dropout, torch's ops {tag}", torch_ops(relu_dropout), None, (opts.tokens, 4 * d), dtype),
+                  (f"relu dropout, torch's ops {tag}", without_c(relu_dropout), None, (opts.tokens, 4 * d), dtype),
                   (f"relu dropout {tag}", relu_dropout, f"relu dropout, torch's ops {tag}", (opts.tokens, 4 * d), dtype),
                   (f"sdpa attention {tag}", sdpa_attention, None, (sentences, opts.heads, 24, hd), dtype),
                   (f"matmul attention {tag}", matmul_attention, f"sdpa attention {tag}",
@@ -93,8 +93,11 @@ def run(opts):
                   ("fused_kernels loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, True)[0],
                    "fused loss bf16", (opts.tokens, opts.vocab), bf16)]
         if 2 in opts.p:
-            cases += [("fused_kernels lp_normalize p=2 bf16", lambda x: fused_kernels.lp_normalize(x, 2.0, EPS),
-                       "lp_normalize p=2 bf16", (opts.tokens, opts.heads, hd), bf16)]
+            cases += [("fused_kernels lp_normalize p=2 bf16, compiled",
+                       without_c(lambda x: fused_kernels.lp_normalize(x, 2.0, EPS)), "lp_normalize p=2 bf16",
+                       (opts.tokens, opts.heads, hd), bf16),
+                      ("fused_kernels lp_normalize p=2 bf16", lambda x: fused_kernels.lp_normalize(x, 2.0, EPS),
+                       "fused_kernels lp_normalize p=2 bf16, compiled", (opts.tokens, opts.heads, hd), bf16)]
     else:
         print(f"no C++ compiler ({', '.join(fused_kernels.COMPILERS)}) on PATH: --fused-kernels' compiled kernels left out",
               file=sys.stderr)
