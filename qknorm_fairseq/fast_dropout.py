@@ -67,7 +67,6 @@ def keep_mask(shape, keep, dtype, device=None):
     return mask.mul_(1.0 / keep)
 
 
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/fast_dropout.c's codes
 MUL, ADD, RELU = range(3)
 _SIGNATURES = {
     "qk_draws": ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_uint64] * 4 + [ctypes.c_int], None),
@@ -87,7 +86,7 @@ def library():
 
 def _native(x, *others):
     """Whether X's dropout runs in the C kernels (OTHERS: tensors read beside X, in X's layout)."""
-    return (native.is_enabled() and x.device.type == "cpu" and x.dtype in DTYPES and x.is_contiguous()
+    return (native.is_enabled() and x.device.type == "cpu" and x.dtype in native.DTYPES and x.is_contiguous()
             and all(t.dtype == x.dtype and t.is_contiguous() and t.shape == x.shape for t in others)
             and library() is not None)
 
@@ -107,10 +106,6 @@ def _scale(keep, dtype):
     return torch.tensor(1.0 / keep).to(dtype).item()  # the mask's value: 1 / keep rounded as mul_ rounds it
 
 
-def _threads(n):
-    return torch.get_num_threads() if n >= 32768 else 1  # at::internal::GRAIN_SIZE, as torch's own loops
-
-
 def kernel(name, *args):
     """Runs the C kernel NAME (one place for step_profile to time them all)."""
     getattr(library(), name)(*args)
@@ -120,9 +115,9 @@ def _forward(kind, x, residual, keep):
     """(the output, the kept units as bytes; None for RELU, whose backward reads the output)"""
     y = torch.empty_like(x)
     kept = None if kind == RELU else torch.empty(x.shape, dtype=torch.uint8)
-    kernel("qk_dropout_forward", kind, DTYPES[x.dtype], x.data_ptr(), None if residual is None else residual.data_ptr(),
+    kernel("qk_dropout_forward", kind, native.DTYPES[x.dtype], x.data_ptr(), None if residual is None else residual.data_ptr(),
            y.data_ptr(), None if kept is None else kept.data_ptr(), x.numel(), *generator_state(), threshold(keep),
-           _scale(keep, x.dtype), _threads(x.numel()))
+           _scale(keep, x.dtype), native.threads(x.numel()))
     return y, kept
 
 
@@ -131,8 +126,8 @@ def _backward(name, grad, saved, keep):
     (qk_relu_dropout_backward, SAVED the output)."""
     grad = grad.contiguous()
     out = torch.empty_like(grad)
-    kernel(name, DTYPES[grad.dtype], grad.data_ptr(), saved.data_ptr(), out.data_ptr(), grad.numel(),
-           _scale(keep, grad.dtype), _threads(grad.numel()))
+    kernel(name, native.DTYPES[grad.dtype], grad.data_ptr(), saved.data_ptr(), out.data_ptr(), grad.numel(),
+           _scale(keep, grad.dtype), native.threads(grad.numel()))
     return out
 
 

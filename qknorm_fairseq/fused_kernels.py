@@ -10,8 +10,8 @@ autograd's of that formula, compiled, not the hand-written one of norms.py, so t
 a run without the flag.
 
 On a CPU, QKNorm's l2 normalisation (p = 2, every preset's) of fp32 or bf16 rows is instead one C loop
-forward and one backward (csrc/l2_normalize.c, built by native.py): Inductor's loops of it, forward
-and backward, read each row twice where the C loop reads it once (docs/performance.md times both). The same formula in fp32,
+forward and one backward (csrc/l2_normalize.c, built by native.py): Inductor's loops of it read each
+row twice where the C loop reads it once (docs/performance.md times both). The same formula in fp32,
 other rounding; where no C compiler is found, the compiled loops run, with a warning.
 
 Dropout stays out: Inductor's CPU random numbers are slow to draw (torch's dropout through
@@ -103,7 +103,6 @@ def _adam_update(p, grad, exp_avg, exp_avg_sq, factor, step_size, beta1: float, 
 
 
 _compiled_lp_normalize = _compiled(_lp_normalize, constant_floats=True)  # x ** p
-_CODES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/dtypes.h's
 
 
 def _library():
@@ -127,10 +126,6 @@ def _as(t, like):
     return t if t.stride() == like.stride() else torch.empty_like(like).copy_(t)
 
 
-def _threads(n):
-    return torch.get_num_threads() if n >= 32768 else 1  # at::internal::GRAIN_SIZE, as torch's own loops
-
-
 def kernel(name, *args):
     """Runs csrc/l2_normalize.c's NAME (one place for step_profile to time them)."""
     getattr(_library(), name)(*args)
@@ -142,8 +137,8 @@ class _L2Rows(torch.autograd.Function):
         d = x.size(-1)
         y = torch.empty_like(x)  # x's strides (torch.preserve_format)
         r = torch.empty(x.numel() // d, dtype=torch.float32, device=x.device)
-        kernel("qk_l2_forward", _CODES[x.dtype], x.data_ptr(), y.data_ptr(), r.data_ptr(), r.numel(), d, floor,
-               _threads(x.numel()))
+        kernel("qk_l2_forward", native.DTYPES[x.dtype], x.data_ptr(), y.data_ptr(), r.data_ptr(), r.numel(), d, floor,
+               native.threads(x.numel()))
         ctx.save_for_backward(x, r)
         return y
 
@@ -152,15 +147,15 @@ class _L2Rows(torch.autograd.Function):
         x, r = ctx.saved_tensors
         dy = _as(dy, x)
         dx = torch.empty_like(x)
-        kernel("qk_l2_backward", _CODES[x.dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), r.numel(),
-               x.size(-1), _threads(x.numel()))
+        kernel("qk_l2_backward", native.DTYPES[x.dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), r.numel(),
+               x.size(-1), native.threads(x.numel()))
         return dx, None
 
 
 def lp_normalize(x, p, eps):
     """x / max(||x||_p, eps) along the last dim in fp32, rounded once to x's dtype: the C loops for
     p = 2 on a CPU (fp32 or bf16, dense), else Inductor's compiled loop."""
-    if (p == 2 and x.device.type == "cpu" and x.dtype in _CODES and x.numel() and _dense(x) and native.is_enabled()
+    if (p == 2 and x.device.type == "cpu" and x.dtype in native.DTYPES and x.numel() and _dense(x) and native.is_enabled()
             and _library() is not None):
         return _L2Rows.apply(x, power_floor(eps, 2))
     return _compiled_lp_normalize(x, p, eps)

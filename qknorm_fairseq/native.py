@@ -27,6 +27,13 @@ COMPILERS = ("cc", "gcc", "clang")
 
 logger = logging.getLogger(__name__)
 
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the codes of csrc/dtypes.h
+
+
+def threads(n):
+    """The threads for a loop over N elements: torch's, from at::internal::GRAIN_SIZE up, as torch's own loops."""
+    return torch.get_num_threads() if n >= 32768 else 1
+
 
 class NativeError(RuntimeError):
     pass
