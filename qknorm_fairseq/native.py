@@ -27,7 +27,7 @@ COMPILERS = ("cc", "gcc", "clang")
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the codes of csrc/dtypes.h
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the codes of csrc/common.h
 
 
 def threads(n):

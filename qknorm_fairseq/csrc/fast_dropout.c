@@ -12,7 +12,7 @@
  * Threads: OpenMP, the runtime torch loaded (the same libgomp.so.1), each thread on whole blocks
  * of draws from the state advanced to its first block (an LCG jumps ahead in log2(steps) steps).
  */
-#include "dtypes.h"
+#include "common.h"
 
 typedef unsigned __int128 u128;
 
@@ -63,9 +63,6 @@ static u128 pcg_advance(u128 state, u128 inc, uint64_t steps) {
             BODY                                                                           \
         }                                                                                  \
     }
-
-int omp_get_num_threads(void);
-int omp_get_thread_num(void);
 
 #define STATE_ARGS uint64_t state_hi, uint64_t state_lo, uint64_t inc_hi, uint64_t inc_lo
 #define STATE_INIT                                                  \

@@ -13,32 +13,12 @@
  */
 #include <math.h>
 
-#include "dtypes.h"
+#include "common.h"
 
-#define LANES 16   /* fp32 partial sums per block: a vector's width */
 #define BLOCK 4096 /* elements per fp64 addition */
 #define MAX_THREADS 1024
 
-int omp_get_thread_num(void);
-
-/* The sum of squares of the LEN bf16 values at X, through LANES fp32 partial sums. */
-static double block_sumsq(const uint16_t *x, int64_t len) {
-    float lanes[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= len; i += LANES)
-        for (int k = 0; k < LANES; k++) {
-            float v = bf16_to_f32(x[i + k]);
-            lanes[k] += v * v;
-        }
-    for (; i < len; i++) {
-        float v = bf16_to_f32(x[i]);
-        lanes[0] += v * v;
-    }
-    double s = 0.0;
-    for (int k = 0; k < LANES; k++)
-        s += lanes[k];
-    return s;
-}
+static inline float square(float v) { return v * v; }
 
 /* The sum of squares of N bf16 tensors (NULL: skipped), each split into blocks among the threads;
  * the threads' sums added in thread order, so a call's bits depend on the thread count only. */
@@ -56,7 +36,8 @@ double qk_sumsq_bf16(int n, const uint16_t *const *tensors, const int64_t *sizes
 #pragma omp for schedule(static) nowait
             for (int64_t b = 0; b < blocks; b++) {
                 int64_t start = b * BLOCK, len = sizes[t] - start < BLOCK ? sizes[t] - start : BLOCK;
-                sum += block_sumsq(tensors[t] + start, len);
+                const uint16_t *x = tensors[t] + start;
+                sum += LANE_SUM(len, square(bf16_to_f32(x[j])));
             }
         }
         partial[omp_get_thread_num()] = sum;

@@ -10,36 +10,14 @@
  */
 #include <math.h>
 
-#include "dtypes.h"
-
-#define LANES 16
-
-/* The sum over a row of LEN products f(i) through LANES partial sums, then in lane order. */
-#define ROW_SUM(LEN, TERM)                                   \
-    ({                                                       \
-        float lanes_[LANES] = {0};                           \
-        int64_t i = 0;                                       \
-        for (; i + LANES <= (LEN); i += LANES)               \
-            for (int k_ = 0; k_ < LANES; k_++) {             \
-                int64_t j = i + k_;                          \
-                lanes_[k_] += TERM;                          \
-            }                                                \
-        for (; i < (LEN); i++) {                             \
-            int64_t j = i;                                   \
-            lanes_[0] += TERM;                               \
-        }                                                    \
-        float s_ = 0.0f;                                     \
-        for (int k_ = 0; k_ < LANES; k_++)                   \
-            s_ += lanes_[k_];                                \
-        s_;                                                  \
-    })
+#include "common.h"
 
 void qk_l2_forward(int dtype, const void *x, void *y, float *r, int64_t rows, int64_t d, float floor_, int threads) {
     BY_DTYPE(
         _Pragma("omp parallel for num_threads(threads) schedule(static)")
         for (int64_t row = 0; row < rows; row++) {
             int64_t o = row * d;
-            float s = ROW_SUM(d, load(x, DT, o + j) * load(x, DT, o + j));
+            float s = LANE_SUM(d, load(x, DT, o + j) * load(x, DT, o + j));
             float ri = 1.0f / sqrtf(s < floor_ ? floor_ : s);
             for (int64_t j = 0; j < d; j++)
                 store(y, DT, o + j, load(x, DT, o + j) * ri);
@@ -59,7 +37,7 @@ void qk_l2_backward(int dtype, const void *x, const void *dy, const float *r, vo
                     store(dx, DT, o + j, -ri * load(dy, DT, o + j));
                 continue;
             }
-            float c = ROW_SUM(d, load(dy, DT, o + j) * load(x, DT, o + j)) * (ri * ri * ri);
+            float c = LANE_SUM(d, load(dy, DT, o + j) * load(x, DT, o + j)) * (ri * ri * ri);
             for (int64_t j = 0; j < d; j++)
                 store(dx, DT, o + j, ri * load(dy, DT, o + j) - c * load(x, DT, o + j));
         })

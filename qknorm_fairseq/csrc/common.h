@@ -1,0 +1,75 @@
+/* What the kernels share: their two dtypes, fp32 and bf16, read into and written from fp32
+ * arithmetic (bf16 <-> fp32 as torch converts them: widening is exact; narrowing rounds to the
+ * nearest even bf16, a NaN becoming 0x7fc0, c10::BFloat16's round_to_nearest_even), a sum in lanes,
+ * and OpenMP's thread queries. */
+#ifndef QK_COMMON_H
+#define QK_COMMON_H
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (f != f)
+        return 0x7fc0;
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+enum { F32 = 0, BF16 = 1 }; /* the dtype codes the Python side passes */
+
+static inline float load(const void *p, int dtype, int64_t i) {
+    return dtype == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void store(void *p, int dtype, int64_t i, float v) {
+    if (dtype == BF16)
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* STMT twice, with DT the constant BF16 or F32 (from the variable dtype): each loop compiled for its
+ * dtype. */
+#define BY_DTYPE(STMT)       \
+    if (dtype == BF16) {     \
+        const int DT = BF16; \
+        STMT                 \
+    } else {                 \
+        const int DT = F32;  \
+        STMT                 \
+    }
+
+#define LANES 16 /* fp32 partial sums: a vector's width */
+
+/* The sum of TERM (an expression of j) for j < LEN, through LANES fp32 partial sums added in lane
+ * order: vectorised, and in a fixed order (the same bits on every call). */
+#define LANE_SUM(LEN, TERM)                                  \
+    ({                                                       \
+        float lanes_[LANES] = {0};                           \
+        int64_t i_ = 0;                                      \
+        for (; i_ + LANES <= (LEN); i_ += LANES)             \
+            for (int k_ = 0; k_ < LANES; k_++) {             \
+                int64_t j = i_ + k_;                         \
+                lanes_[k_] += TERM;                          \
+            }                                                \
+        for (; i_ < (LEN); i_++) {                           \
+            int64_t j = i_;                                  \
+            lanes_[0] += TERM;                               \
+        }                                                    \
+        float s_ = 0.0f;                                     \
+        for (int k_ = 0; k_ < LANES; k_++)                   \
+            s_ += lanes_[k_];                                \
+        s_;                                                  \
+    })
+
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
+
+#endif
