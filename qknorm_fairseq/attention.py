@@ -96,6 +96,7 @@ class NormAttention(MultiheadAttention):
             from . import fused_kernels as kernels  # imported only here: it imports torch._dynamo (2 s)
 
             self._compiled_normalize = kernels.lp_normalize
+            self._fits_softmax_dropout, self._softmax_dropout = kernels.fits_softmax_dropout, kernels.softmax_dropout
         if fast_dropout:
             from .fast_dropout import swap_dropouts  # imported only here: see model._swap_dropouts
 
@@ -266,6 +267,9 @@ class NormAttention(MultiheadAttention):
         if self.attention_kernel == "matmul" or (self.fast_dropout and dropout_p > 0):
             scores = torch.matmul(q if scale == 1.0 else q * scale, k.transpose(-1, -2))
             mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
+            if (self.fused_kernels and self.training and (dropout_p == 0 or self.fast_dropout) and dropout_p < 1
+                    and self._fits_softmax_dropout(scores, mask)):
+                return torch.matmul(self._softmax_dropout(scores, mask, dropout_p), v)
             if mask is not None:
                 scores = scores + mask
             probs = torch.softmax(scores, dim=-1)  # CPU and CUDA kernels accumulate half precision in fp32

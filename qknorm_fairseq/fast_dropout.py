@@ -102,7 +102,7 @@ def generator_state():
 
 
 @functools.cache
-def _scale(keep, dtype):
+def scale(keep, dtype):
     return torch.tensor(1.0 / keep).to(dtype).item()  # the mask's value: 1 / keep rounded as mul_ rounds it
 
 
@@ -117,7 +117,7 @@ def _forward(kind, x, residual, keep):
     kept = None if kind == RELU else torch.empty(x.shape, dtype=torch.uint8)
     kernel("qk_dropout_forward", kind, native.DTYPES[x.dtype], x.data_ptr(), None if residual is None else residual.data_ptr(),
            y.data_ptr(), None if kept is None else kept.data_ptr(), x.numel(), *generator_state(), threshold(keep),
-           _scale(keep, x.dtype), native.threads(x.numel()))
+           scale(keep, x.dtype), native.threads(x.numel()))
     return y, kept
 
 
@@ -127,7 +127,7 @@ def _backward(name, grad, saved, keep):
     grad = grad.contiguous()
     out = torch.empty_like(grad)
     kernel(name, native.DTYPES[grad.dtype], grad.data_ptr(), saved.data_ptr(), out.data_ptr(), grad.numel(),
-           _scale(keep, grad.dtype), native.threads(grad.numel()))
+           scale(keep, grad.dtype), native.threads(grad.numel()))
     return out
 
 

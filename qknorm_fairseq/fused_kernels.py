@@ -14,8 +14,12 @@ forward and one backward (csrc/l2_normalize.c, built by native.py): Inductor's l
 row twice where the C loop reads it once (docs/performance.md times both). The same formula in fp32,
 other rounding; where no C compiler is found, the compiled loops run, with a warning.
 
-Dropout stays out: Inductor's CPU random numbers are slow to draw (torch's dropout through
-torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are
+On a CPU too, the matmul attention's additive mask, softmax and dropout are one C loop forward and one
+backward (csrc/softmax_dropout.c) where the dropout is --fast-dropout's (the same draws, so the same kept
+units) or none: the softmax in fp32 with its own exponential, other rounding than torch's softmax.
+
+Dropout stays out of the compiled loops: Inductor's CPU random numbers are slow to draw (torch's dropout
+through torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are
 marked dynamic (batches differ in length and size): each function compiles once, plus once per
 layout it meets (a contiguous query and a permuted one), a few seconds each, the first time only
 (Inductor caches them on disk). Validation and decoding stay eager.
@@ -25,7 +29,7 @@ import shutil
 
 import torch
 
-from . import native
+from . import fast_dropout, native
 from .attention import power_floor
 
 COMPILERS = ("g++", "c++", "clang++")
@@ -150,6 +154,67 @@ class _L2Rows(torch.autograd.Function):
         kernel("qk_l2_backward", native.DTYPES[x.dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), r.numel(),
                x.size(-1), native.threads(x.numel()))
         return dx, None
+
+
+def _softmax_library():
+    return native.kernels("softmax_dropout", {
+        "qk_softmax_dropout_forward": ([ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3
+                                       + [ctypes.c_int64] * 4 + [ctypes.c_uint64] * 4
+                                       + [ctypes.c_int, ctypes.c_float, ctypes.c_int], None),
+        "qk_softmax_dropout_backward": ([ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+                                        + [ctypes.c_float, ctypes.c_int], None),
+    }, "--fused-kernels", "the attention's mask, softmax and dropout run as torch's ops instead")
+
+
+def softmax_kernel(name, *args):
+    """Runs csrc/softmax_dropout.c's NAME (one place for step_profile to time them)."""
+    getattr(_softmax_library(), name)(*args)
+
+
+class _SoftmaxDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, mask, p):
+        keep = 1.0 - p
+        y = torch.empty_like(scores)
+        out, kept = (torch.empty_like(scores), torch.empty(scores.shape, dtype=torch.uint8)) if p else (None, None)
+        strides = (0, 0, 0) if mask is None else mask.expand(scores.shape).stride()[:3]
+        state = fast_dropout.generator_state() if p else (0, 0, 0, 0)
+        ctx.scale = fast_dropout.scale(keep, scores.dtype)
+        softmax_kernel("qk_softmax_dropout_forward",
+            native.DTYPES[scores.dtype], scores.data_ptr(), None if mask is None else mask.data_ptr(), *strides,
+            y.data_ptr(), *(None, None) if out is None else (out.data_ptr(), kept.data_ptr()), *scores.shape, *state,
+            fast_dropout.threshold(keep), ctx.scale, native.threads(scores.numel()))
+        ctx.save_for_backward(y, kept)
+        return y if out is None else out
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, kept = ctx.saved_tensors
+        grad = grad.contiguous()
+        dx = torch.empty_like(y)
+        softmax_kernel("qk_softmax_dropout_backward",
+            native.DTYPES[y.dtype], grad.data_ptr(), y.data_ptr(), None if kept is None else kept.data_ptr(), dx.data_ptr(),
+            y.numel() // y.size(-1), y.size(-1), ctx.scale, native.threads(y.numel()))
+        return dx, None, None
+
+
+def fits_softmax_dropout(scores, mask):
+    """Whether softmax_dropout's C loops take these (CPU, fp32 or bf16 scores (batch, heads, queries,
+    keys), contiguous; the mask of their dtype, broadcasting to them, its keys contiguous)."""
+    return (scores.device.type == "cpu" and scores.dtype in native.DTYPES and scores.dim() == 4 and scores.is_contiguous()
+            and 0 < scores.size(-1) <= _MAX_KEYS
+            and (mask is None or (mask.dtype == scores.dtype and mask.dim() <= 4 and mask.stride(-1) == 1))
+            and native.is_enabled() and _softmax_library() is not None)
+
+
+_MAX_KEYS = 16384  # a row's fp32 exponentials live on the thread's stack
+
+
+def softmax_dropout(scores, mask, p):
+    """--fast-dropout's dropout (the same stream, so the same kept units) of softmax(scores + mask)
+    over the last dim, MASK additive (0 or -inf) and broadcasting to SCORES, in one C loop forward
+    and one backward: the formulas in fp32, rounded once; fits_softmax_dropout says where."""
+    return _SoftmaxDropout.apply(scores, mask, p)
 
 
 def lp_normalize(x, p, eps):

@@ -24,6 +24,9 @@ static inline uint16_t f32_to_bf16(float f) {
 
 enum { F32 = 0, BF16 = 1 }; /* the dtype codes the Python side passes */
 
+/* V as DTYPE holds it: rounded to bf16, or fp32 as it is */
+static inline float round_to(int dtype, float v) { return dtype == BF16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
+
 static inline float load(const void *p, int dtype, int64_t i) {
     return dtype == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
@@ -35,15 +38,15 @@ static inline void store(void *p, int dtype, int64_t i, float v) {
         ((float *)p)[i] = v;
 }
 
-/* STMT twice, with DT the constant BF16 or F32 (from the variable dtype): each loop compiled for its
- * dtype. */
-#define BY_DTYPE(STMT)       \
+/* The statement given twice, with DT the constant BF16 or F32 (from the variable dtype): each loop
+ * compiled for its dtype. */
+#define BY_DTYPE(...)        \
     if (dtype == BF16) {     \
         const int DT = BF16; \
-        STMT                 \
+        __VA_ARGS__          \
     } else {                 \
         const int DT = F32;  \
-        STMT                 \
+        __VA_ARGS__          \
     }
 
 #define LANES 16 /* fp32 partial sums: a vector's width */

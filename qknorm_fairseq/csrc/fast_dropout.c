@@ -10,41 +10,14 @@
  * multiply-add where torch has none), and on fp32 is one fused multiply-add, as torch's.
  *
  * Threads: OpenMP, the runtime torch loaded (the same libgomp.so.1), each thread on whole blocks
- * of draws from the state advanced to its first block (an LCG jumps ahead in log2(steps) steps).
+ * of draws from the state advanced to its first block (pcg.h).
  */
 #include "common.h"
+#include "pcg.h"
 
-typedef unsigned __int128 u128;
-
-#define MULTIPLIER 0xda942042e4dd58b5ULL /* PCG64DXSM's "cheap" 64-bit LCG multiplier */
-#define BLOCK 1024                       /* draws a block: 256 words */
+#define BLOCK 1024 /* draws a block: 256 words */
 
 enum { MUL = 0, ADD = 1, RELU = 2 }; /* x * m, residual + x * m, relu(x) * m */
-
-static inline uint64_t pcg_next(u128 *state, u128 inc) {
-    /* DXSM output of the state before the step */
-    uint64_t hi = (uint64_t)(*state >> 64), lo = (uint64_t)*state | 1;
-    hi ^= hi >> 32;
-    hi *= MULTIPLIER;
-    hi ^= hi >> 48;
-    hi *= lo;
-    *state = *state * (u128)MULTIPLIER + inc;
-    return hi;
-}
-
-static u128 pcg_advance(u128 state, u128 inc, uint64_t steps) {
-    /* the affine map s -> a s + c applied STEPS times, by squaring (Brown, 1994) */
-    u128 a = MULTIPLIER, c = inc, acc_a = 1, acc_c = 0;
-    for (; steps; steps >>= 1) {
-        if (steps & 1) {
-            acc_a *= a;
-            acc_c = acc_c * a + c;
-        }
-        c *= a + 1;
-        a *= a;
-    }
-    return acc_a * state + acc_c;
-}
 
 /* BODY on each block of N elements, the block's draws in DRAW, on THREADS threads (a variable of the
  * caller), each on its share of the blocks [first, last) of the stream at STATE. */
@@ -57,17 +30,11 @@ static u128 pcg_advance(u128 state, u128 inc, uint64_t steps) {
         uint64_t words[BLOCK / 4];                                                         \
         const int16_t *draw = (const int16_t *)words;                                      \
         for (int64_t b_ = first; b_ < last; b_++) {                                        \
-            for (int k_ = 0; k_ < BLOCK / 4; k_++)                                         \
-                words[k_] = pcg_next(&s_, inc);                                            \
+            pcg_words(&s_, inc, words, BLOCK / 4);                                         \
             int64_t off = b_ * BLOCK, len = (N) - off < BLOCK ? (N) - off : BLOCK;         \
             BODY                                                                           \
         }                                                                                  \
     }
-
-#define STATE_ARGS uint64_t state_hi, uint64_t state_lo, uint64_t inc_hi, uint64_t inc_lo
-#define STATE_INIT                                                  \
-    u128 state = ((u128)state_hi << 64) | state_lo;                 \
-    u128 inc = ((u128)inc_hi << 64) | inc_lo;
 
 /* N draws of the stream, as numpy's random_raw viewed as int16 gives them. */
 void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {

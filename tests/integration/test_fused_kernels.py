@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from qknorm_fairseq import criterion, fused_kernels, native
+from qknorm_fairseq import criterion, fast_dropout, fused_kernels, native
 
 from helpers import batch, build
 
@@ -100,6 +100,70 @@ def test_rows_with_gaps_take_the_compiled_loop(monkeypatch):
     torch.testing.assert_close(y, x / x.norm(dim=-1, keepdim=True), rtol=1e-6, atol=1e-7)
 
 
+def _masks(dtype):
+    """The three additive masks attention passes: a key padding mask (3, 1, 1, 37); the causal mask as
+    the packed decoder slices it from a larger one, (37, 37) with rows of 40; and their sum (3, 1, 37, 37)."""
+    pad = torch.zeros(3, 37, dtype=torch.bool)
+    pad[1, 30:], pad[2, 5:] = True, True
+    pad = torch.zeros(pad.shape, dtype=dtype).masked_fill(pad, float("-inf"))[:, None, None, :]
+    causal = torch.full((40, 40), float("-inf"), dtype=dtype).triu(1)[:37, :37]
+    return [pad, causal, causal + pad]
+
+
+def _softmax_dropout(scores, mask, p, grad, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = scores.clone().requires_grad_()
+        torch.manual_seed(11)
+        state = torch.get_rng_state()
+        y = fused_kernels.softmax_dropout(x, mask, p)
+        y.backward(grad)
+    finally:
+        torch.set_num_threads(before)
+    return y.detach(), x.grad, torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build csrc/softmax_dropout.c")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.0, 0.4])
+def test_mask_softmax_and_dropout_in_one_c_loop(dtype, p):
+    """Against fp64: softmax(scores + mask) times --fast-dropout's mask, drawn from the same seed (so the
+    kept units are the unfused ops' own), to one step of DTYPE's rounding per rounding; the gradient to two,
+    y (g m - sum(y g m)) in fp64. The same bits on 1 and 2 threads (the second thread's draws start
+    inside a word, and past a refill of 1,024 draws); without dropout no draw from torch's generator."""
+    torch.manual_seed(9)
+    scores = (torch.randn(3, 4, 37, 37) * 4).to(dtype)
+    grad = torch.randn(scores.shape).to(dtype)
+    step = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
+    for mask in _masks(dtype):
+        y, dx, no_draw = _softmax_dropout(scores, mask, p, grad, 2)
+        assert no_draw == (p == 0)
+        assert all(torch.equal(a, b) for a, b in zip((y, dx), _softmax_dropout(scores, mask, p, grad, 1)))
+        probs = torch.softmax(scores.double() + mask.double(), dim=-1)
+        torch.manual_seed(11)
+        unfused = fast_dropout.fast_dropout(torch.softmax(scores + mask, dim=-1), p)
+        torch.manual_seed(11)
+        kept = fast_dropout.keep_mask(scores.shape, 1 - p, dtype).double() if p else torch.ones_like(probs)
+        assert p == 0 or 0.5 < (kept != 0).double().mean() < 0.7
+        # rounded twice with dropout: the probability (saved for the backward), then its product with the mask
+        torch.testing.assert_close(y.double(), probs * kept, rtol=2 * step if p else step, atol=step / 100)
+        gm = grad.double() * kept
+        ref = probs * (gm - (probs * gm).sum(-1, keepdim=True))
+        torch.testing.assert_close(dx.double(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
+        if p:  # the units the unfused ops keep
+            assert torch.equal(y != 0, unfused != 0)
+
+
+def test_softmax_dropout_takes_only_what_its_loops_read():
+    scores, mask = torch.randn(2, 3, 5, 7), torch.zeros(2, 1, 1, 7)
+    assert fused_kernels.fits_softmax_dropout(scores, mask) == (native.compiler() is not None)
+    assert not fused_kernels.fits_softmax_dropout(scores.transpose(-1, -2), mask)  # not contiguous
+    assert not fused_kernels.fits_softmax_dropout(scores, mask.double())  # another dtype
+    assert not fused_kernels.fits_softmax_dropout(scores.double(), mask.double())
+    assert not fused_kernels.fits_softmax_dropout(scores[0], mask[0])  # three dims
+
+
 def _loss_and_grads(model, crit, sample):
     model.train()
     model.zero_grad()
@@ -108,10 +172,11 @@ def _loss_and_grads(model, crit, sample):
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("packed", [[], ["--packed-decoder"]])
+@pytest.mark.parametrize("packed", [[], ["--packed-decoder"], ["--packed-decoder", "--attention-kernel", "matmul"]])
 def test_the_flag_trains_as_the_eager_model(tiny_data, packed, monkeypatch):
     """The QKNorm preset with --fused-loss, no dropout: with the flag every normalisation and the loss
-    run through the compiled loops (never the eager blocks), with the same loss and gradients (fp32
+    run through the compiled loops (never the eager blocks), and with --attention-kernel matmul every
+    attention's mask and softmax through softmax_dropout's, with the same loss and gradients (fp32
     rounding); evaluation and its validation loss stay eager, the outputs those of the model without it."""
     calls = {}
 
@@ -121,7 +186,7 @@ def test_the_flag_trains_as_the_eager_model(tiny_data, packed, monkeypatch):
             return fn(*args)
         return wrapped
 
-    for name in ("lp_normalize", "loss_statistics", "loss_gradient"):
+    for name in ("lp_normalize", "loss_statistics", "loss_gradient", "softmax_dropout"):
         monkeypatch.setattr(fused_kernels, name, counted(name, getattr(fused_kernels, name)))
     monkeypatch.setattr(criterion, "_blocked_statistics", counted("eager loss", criterion._blocked_statistics))
     extra = ["--task", "translation_qk", "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
@@ -142,7 +207,10 @@ def test_the_flag_trains_as_the_eager_model(tiny_data, packed, monkeypatch):
     assert calls == {"eager loss": 1}
     loss, grads = _loss_and_grads(fused, crit, sample)
     # q and k of 2 encoder self-attentions, 2 decoder self-attentions and 2 cross-attentions
-    assert calls == {"eager loss": 1, "lp_normalize": 12, "loss_statistics": 1, "loss_gradient": 1}
+    # and with matmul the attention cores of the same 6 attentions, the packed decoder's per length group
+    cores = {"softmax_dropout": calls.get("softmax_dropout", 0)} if "matmul" in packed else {}
+    assert calls == {"eager loss": 1, "lp_normalize": 12, "loss_statistics": 1, "loss_gradient": 1, **cores}
+    assert not cores or cores["softmax_dropout"] >= 6
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
     for g, ref in zip(grads, ref_grads):  # fp32 rounding, grown through the layers (as test_compile's)
         torch.testing.assert_close(g, ref, rtol=1e-3, atol=1e-5)
@@ -155,7 +223,8 @@ def test_the_flag_trains_as_the_eager_model(tiny_data, packed, monkeypatch):
 
 def test_errors(tiny_data, monkeypatch):
     common = ["--task", "translation_qk", "--fused-kernels"]
-    with pytest.raises(ValueError, match="--fused-kernels has no effect without a QKNorm attention .* or --fused-loss"):
+    with pytest.raises(ValueError, match="--fused-kernels has no effect without a QKNorm attention .*, --fused-loss, "
+                                         "--attention-kernel matmul or --fast-dropout: drop it"):
         build(tiny_data / "bin", "transformer_prenorm", *common)
     with pytest.raises(ValueError, match="--compile compiles each layer whole, --fused-kernels parts of them"):
         build(tiny_data / "bin", "transformer_qknorm", *common, "--compile")

@@ -1,0 +1,131 @@
+/* --fused-kernels on a CPU: the attention's additive mask, softmax over keys and --fast-dropout's
+ * dropout as one pass over the scores, and its backward as one pass: fp32 or bf16 scores, fp32
+ * arithmetic, each output rounded once.
+ *
+ * Forward, per row of S scores x (a query's, of one head) and its mask row a (0 or -inf):
+ *   y = softmax(x + a), rounded to the scores' dtype (saved for the backward);
+ *   out = y m, m = SCALE where the row's draw < THRESHOLD, else 0 (KEPT: 1 where m is SCALE).
+ * The draws are the stream's in the scores' memory order, as --fast-dropout's dropout of y would
+ * draw them, so the kept units are the same as the unfused ops'. Without dropout (OUT NULL) only y.
+ * e^v is Cephes' expf (a degree-6 polynomial after v = n ln2 + r, n the nearest integer; within 2 ulp of e^v),
+ * where torch's softmax has its own vectorised exp: outputs differ from torch's in the last bit of
+ * a bf16 now and then; below e^-87 (1.6e-38) a weight is 0.
+ * Backward: dx = y (g m - sum(y g m)), g the gradient of OUT.
+ *
+ * Threads: OpenMP over rows; a thread starts its draws at its first row's first element (pcg.h),
+ * so the bits do not depend on the threads.
+ */
+#include <math.h> /* INFINITY */
+
+#include "common.h"
+#include "pcg.h"
+
+static inline float exp_nonpositive(float v) {
+    /* e^v for v <= 0, -inf or NaN */
+    float c = v < -87.0f ? -87.0f : v; /* NaN stays NaN */
+    float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to an integer (1.5 2^23) */
+    float r = __builtin_fmaf(n, 2.12194440e-4f, __builtin_fmaf(n, -0.693359375f, c)); /* c - n ln2, ln2 in two parts */
+    float p = 1.9875691500e-4f;
+    p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+    p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+    p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+    p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+    p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+    p = __builtin_fmaf(p, r * r, r + 1.0f);
+    union { int32_t bits; float value; } two_n = {((int32_t)n + 127) << 23}; /* 2^n, n in [-126, 0] */
+    return v < -87.0f ? 0.0f : p * two_n.value;
+}
+
+static inline float row_max(const float *e, int64_t s) {
+    /* in LANES lanes: vectorised */
+    float lanes[LANES], max = -INFINITY;
+    for (int k = 0; k < LANES; k++)
+        lanes[k] = -INFINITY;
+    int64_t i = 0;
+    for (; i + LANES <= s; i += LANES)
+        for (int k = 0; k < LANES; k++)
+            lanes[k] = e[i + k] > lanes[k] ? e[i + k] : lanes[k];
+    for (; i < s; i++)
+        lanes[0] = e[i] > lanes[0] ? e[i] : lanes[0];
+    for (int k = 0; k < LANES; k++)
+        max = lanes[k] > max ? lanes[k] : max;
+    return max;
+}
+
+/* E = the exponentials of row O of SCORES plus row MO of MASK, less their max; their sum's inverse. */
+static inline float exponentials(int dtype, const void *scores, const void *mask, int64_t o, int64_t mo, int64_t s,
+                                 float *e) {
+    if (mask)
+        for (int64_t j = 0; j < s; j++)
+            e[j] = load(scores, dtype, o + j) + load(mask, dtype, mo + j);
+    else
+        for (int64_t j = 0; j < s; j++)
+            e[j] = load(scores, dtype, o + j);
+    int64_t padded = (s + LANES - 1) / LANES * LANES; /* the lanes' loops without a remainder: e^-inf = 0 */
+    for (int64_t j = s; j < padded; j++)
+        e[j] = -INFINITY;
+    float max = row_max(e, padded);
+    for (int64_t j = 0; j < padded; j++)
+        e[j] = exp_nonpositive(e[j] - max);
+    return 1.0f / LANE_SUM(padded, e[j]);
+}
+
+/* SCORES (D0, D1, D2, S) contiguous; MASK (or NULL) with strides M0, M1, M2 over the first three
+ * dims (0 where it broadcasts) and 1 over the last. */
+void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask, int64_t m0, int64_t m1, int64_t m2,
+                                void *y, void *out, uint8_t *kept, int64_t d0, int64_t d1, int64_t d2, int64_t s,
+                                STATE_ARGS, int threshold, float scale, int threads) {
+    STATE_INIT
+    int64_t rows = d0 * d1 * d2;
+    BY_DTYPE(_Pragma("omp parallel num_threads(threads)") {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t first = rows * t / nt, last = rows * (t + 1) / nt;
+        draws_t stream;
+        if (out)
+            draws_from(&stream, state, inc, (uint64_t)(first * s));
+        float e[s + LANES];
+        int16_t draw[s];
+        int64_t i2 = first % d2, i1 = first / d2 % d1, i0 = first / d2 / d1; /* the row's index */
+        for (int64_t row = first; row < last; row++) {
+            int64_t o = row * s;
+            float inv = exponentials(DT, scores, mask, o, i0 * m0 + i1 * m1 + i2 * m2, s, e);
+            if (out) {
+                draws_next(&stream, draw, s);
+                for (int64_t j = 0; j < s; j++) {
+                    float p = round_to(DT, e[j] * inv);
+                    int drawn = draw[j] < threshold;
+                    store(y, DT, o + j, p);
+                    store(out, DT, o + j, p * (drawn ? scale : 0.0f));
+                    kept[o + j] = drawn;
+                }
+            } else {
+                for (int64_t j = 0; j < s; j++)
+                    store(y, DT, o + j, e[j] * inv);
+            }
+            if (++i2 == d2) {
+                i2 = 0;
+                if (++i1 == d1) {
+                    i1 = 0;
+                    i0++;
+                }
+            }
+        }
+    })
+}
+
+/* GRAD, Y (rows, S) contiguous, KEPT as the forward wrote it (NULL: no dropout) into DX. */
+void qk_softmax_dropout_backward(int dtype, const void *grad, const void *y, const uint8_t *kept, void *dx, int64_t rows,
+                                 int64_t s, float scale, int threads) {
+    BY_DTYPE(_Pragma("omp parallel num_threads(threads)") {
+        float g[s];
+        _Pragma("omp for schedule(static)")
+        for (int64_t row = 0; row < rows; row++) {
+            int64_t o = row * s;
+            for (int64_t j = 0; j < s; j++)
+                g[j] = load(grad, DT, o + j) * (kept ? (kept[o + j] ? scale : 0.0f) : 1.0f);
+            float dot = LANE_SUM(s, load(y, DT, o + j) * g[j]);
+            for (int64_t j = 0; j < s; j++)
+                store(dx, DT, o + j, load(y, DT, o + j) * (g[j] - dot));
+        }
+    })
+}
