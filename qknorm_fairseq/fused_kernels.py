@@ -198,22 +198,24 @@ class _SoftmaxDropout(torch.autograd.Function):
         return dx, None, None
 
 
+_MAX_KEYS = 16384  # a row's fp32 exponentials live on the thread's stack
+
+
 def fits_softmax_dropout(scores, mask):
     """Whether softmax_dropout's C loops take these (CPU, fp32 or bf16 scores (batch, heads, queries,
-    keys), contiguous; the mask of their dtype, broadcasting to them, its keys contiguous)."""
+    keys), contiguous; the mask of their dtype, broadcasting to them, a row of every key contiguous)."""
     return (scores.device.type == "cpu" and scores.dtype in native.DTYPES and scores.dim() == 4 and scores.is_contiguous()
             and 0 < scores.size(-1) <= _MAX_KEYS
-            and (mask is None or (mask.dtype == scores.dtype and mask.dim() <= 4 and mask.stride(-1) == 1))
+            and (mask is None or (mask.dtype == scores.dtype and mask.dim() <= 4 and mask.size(-1) == scores.size(-1)
+                                  and mask.stride(-1) == 1))
             and native.is_enabled() and _softmax_library() is not None)
-
-
-_MAX_KEYS = 16384  # a row's fp32 exponentials live on the thread's stack
 
 
 def softmax_dropout(scores, mask, p):
     """--fast-dropout's dropout (the same stream, so the same kept units) of softmax(scores + mask)
     over the last dim, MASK additive (0 or -inf) and broadcasting to SCORES, in one C loop forward
-    and one backward: the formulas in fp32, rounded once; fits_softmax_dropout says where."""
+    and one backward: the formulas in fp32, the probabilities rounded to the scores' dtype and their
+    product with the mask rounded again, as the unfused ops round them; fits_softmax_dropout says where."""
     return _SoftmaxDropout.apply(scores, mask, p)
 
 

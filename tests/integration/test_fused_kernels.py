@@ -162,6 +162,7 @@ def test_softmax_dropout_takes_only_what_its_loops_read():
     assert not fused_kernels.fits_softmax_dropout(scores, mask.double())  # another dtype
     assert not fused_kernels.fits_softmax_dropout(scores.double(), mask.double())
     assert not fused_kernels.fits_softmax_dropout(scores[0], mask[0])  # three dims
+    assert not fused_kernels.fits_softmax_dropout(scores, mask[..., :1])  # one value for every key
 
 
 def _loss_and_grads(model, crit, sample):
