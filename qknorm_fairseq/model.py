@@ -225,7 +225,9 @@ class QKEncoder(TransformerEncoderBase):
         # always passed here, which changes no result (masking nothing adds zeros).
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
-        x = (x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))).transpose(0, 1)
+        # (len, bsz, embed) in memory order too, not a transposed view: every sublayer's reshape and
+        # --fast-dropout's C loops then take the residual stream as it is, where a view costs a copy each
+        x = (x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))).transpose(0, 1).contiguous()
         encoder_states, fc_results = ([x] if return_all_hiddens else []), []
         for layer in self.layers:
             x = layer(x, encoder_padding_mask=encoder_padding_mask)

@@ -210,6 +210,26 @@ def test_fast_dropout_encoder_layer_is_fairseqs_forward_with_its_fused_passes(ti
     assert (y != 0).any() and dw.abs().sum() > 0
 
 
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels")
+def test_fast_dropout_encoder_applies_every_dropout_in_its_c_loop(tiny_data, monkeypatch):
+    """The encoder's residual stream is (len, bsz, embed) in memory order, so each of its dropouts (the
+    embeddings', and per layer the residual, ReLU and attention ones) is one C loop, none drawn by
+    numpy and applied by torch's ops."""
+    from qknorm_fairseq import fast_dropout as fd
+
+    model, task = build(tiny_data / "bin", "transformer_qknorm", "--fast-dropout", "--dropout", "0.3",
+                        "--activation-dropout", "0.2", "--attention-dropout", "0.1")
+    model.train()
+    src, lengths, _ = batch(task)
+    calls, numpy_masks = [], []
+    monkeypatch.setattr(fd, "kernel", lambda name, *a, _run=fd.kernel: calls.append(name) or _run(name, *a))
+    monkeypatch.setattr(fd, "keep_mask", lambda *a, _draw=fd.keep_mask: numpy_masks.append(a) or _draw(*a))
+    out = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+    out.float().sum().backward()
+    layers = len(model.encoder.layers)
+    assert numpy_masks == [] and out.is_contiguous()
+    assert calls.count("qk_dropout_forward") == 1 + 4 * layers, calls
+
 def test_flat_bf16_master_zeroes_only_what_the_gradient_copy_does_not_write():
     """zero_grad leaves the flat master gradient as it is; the sync then writes every parameter's
     slice: the copied gradient, or zeros for a parameter without one (as fairseq's zeroing gives),
