@@ -257,14 +257,19 @@ class NormAttention(MultiheadAttention):
     def _fused(self, q, k, v, key_padding_mask, attn_mask):
         """Softmax attention in the weights' precision: through scaled_dot_product_attention (fused
         kernels where available) or, with --attention-kernel matmul, as matmul, softmax, matmul."""
+        dropout_p = self.dropout_module.p if self.training else 0.0
+        # scaled_dot_product_attention draws its own dropout mask (bernoulli_): --fast-dropout's mask
+        # needs the steps spelt out
+        explicit = self.attention_kernel == "matmul" or (self.fast_dropout and dropout_p > 0)
+        if explicit:
+            # each head's rows in memory order: matmul copies a permuted view (the heads of a
+            # (len, bsz, embed) projection) inside each product, forward and backward, more slowly
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if self.scores == "qknorm":
             q, scale = q * self.qk_scale.to(q.dtype), 1.0  # fold g into q
         else:
             scale = self.scaling
-        dropout_p = self.dropout_module.p if self.training else 0.0
-        # scaled_dot_product_attention draws its own dropout mask (bernoulli_): --fast-dropout's mask
-        # needs the steps spelt out
-        if self.attention_kernel == "matmul" or (self.fast_dropout and dropout_p > 0):
+        if explicit:
             scores = torch.matmul(q if scale == 1.0 else q * scale, k.transpose(-1, -2))
             mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
             if (self.fused_kernels and self.training and (dropout_p == 0 or self.fast_dropout) and dropout_p < 1
