@@ -171,7 +171,11 @@ class QKEncoderLayer(TransformerEncoderLayerBase):
         if not hasattr(self.dropout_module, "add") or attn_mask is not None or self.return_fc:
             return super().forward(x, encoder_padding_mask, attn_mask)
 
-        # fairseq's forward, as sublayers: --fast-dropout's fused passes (sublayers.py)
+        # fairseq's forward, as sublayers: --fast-dropout's fused passes (sublayers.py), whose C loops take
+        # the residual stream in memory order; the encoder hands the first layer a transposed view, which
+        # would stay one through every layer (and cost each sublayer's reshape a copy)
+        x = x.contiguous()
+
         def attend(h):
             return self.self_attn(query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False)[0]
 
@@ -225,9 +229,7 @@ class QKEncoder(TransformerEncoderBase):
         # always passed here, which changes no result (masking nothing adds zeros).
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
-        # (len, bsz, embed) in memory order too, not a transposed view: every sublayer's reshape and
-        # --fast-dropout's C loops then take the residual stream as it is, where a view costs a copy each
-        x = (x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))).transpose(0, 1).contiguous()
+        x = (x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))).transpose(0, 1)
         encoder_states, fc_results = ([x] if return_all_hiddens else []), []
         for layer in self.layers:
             x = layer(x, encoder_padding_mask=encoder_padding_mask)
