@@ -367,10 +367,12 @@ def test_each_attention_mask_is_built_once_per_forward_with_the_same_result(tiny
         assert torch.equal(a, b)
 
 
-def test_encoder_without_its_padding_test_is_fairseqs_encoder(tiny_data):
+@pytest.mark.parametrize("arch", ["transformer_prenorm", "transformer_postnorm"])
+def test_encoder_without_its_padding_test_is_fairseqs_encoder(tiny_data, arch):
     """Our encoder always passes the padding mask (no host sync); fairseq's passes None when a batch
-    has no padding. Same outputs, bit for bit, with and without padding."""
-    model, task = build(tiny_data / "bin", "transformer_prenorm")
+    has no padding. Same outputs, bit for bit, with and without padding (post-norm: the first
+    projections take the layer's input as fairseq lays it out)."""
+    model, task = build(tiny_data / "bin", arch)
     model.eval()
     src, lengths, _ = batch(task)
     for tokens in (src, src[[0, 2]]):  # rows 0 and 2 have no padding
@@ -379,6 +381,15 @@ def test_encoder_without_its_padding_test_is_fairseqs_encoder(tiny_data):
             theirs = TransformerEncoderBase.forward_scriptable(model.encoder, tokens, lengths[: len(tokens)])
         assert torch.equal(ours["encoder_out"][0], theirs["encoder_out"][0])
         assert torch.equal(ours["src_lengths"][0], theirs["src_lengths"][0])
+    model.train()  # with dropout, and the gradients
+    grads = []
+    for forward in (model.encoder, lambda *a: TransformerEncoderBase.forward_scriptable(model.encoder, *a)):
+        torch.manual_seed(4)
+        out = forward(src, lengths)["encoder_out"][0]
+        (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
+        grads.append([out.detach()] + [p.grad.clone() for p in model.encoder.parameters() if p.grad is not None])
+        model.zero_grad()
+    assert len(grads[0]) > 1 and all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
 def test_decoder_builds_the_padding_mask_in_training_only(tiny_data):
