@@ -171,8 +171,9 @@ class NormAttention(MultiheadAttention):
         return out, weights
 
     def forward_rows(self, x, rows, key=None, key_padding_masks=None, attn_mask=None):
-        """Training attention of queries given as rows X (N, embed) of a batch's sentences (decoder_rows.Rows),
-        through out_proj: (N, embed); the cores run per length group of ROWS, on its grid. Self-attention
+        """Training attention of queries given as rows X (N, embed) of a batch's sentences (decoder_rows.Rows:
+        its tokens, then its padding rows, whose outputs are out_proj's of zeros), through out_proj: (N, embed);
+        the cores run per length group of ROWS, on its grid. Self-attention
         takes its keys and values from the same rows, scattered into zeros at the pads (masked keys),
         ATTN_MASK the future mask; encoder-decoder attention from KEY (src_len, bsz, embed), with
         KEY_PADDING_MASKS the source's padding per group (Rows.split)."""
@@ -194,6 +195,8 @@ class NormAttention(MultiheadAttention):
                 pad = key_padding_masks[i]
                 out = self._fused(group.grid(q), ks[i], vs[i], None if pad is None else pad.bool(), None)
             outs.append(group.take(out))  # the decoder's attention is a softmax
+        if rows.pad_rows:
+            outs.append(x.new_zeros(rows.pad_rows, self.embed_dim))
         return self.out_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
     def query_heads(self, query, bsz):

@@ -13,7 +13,11 @@ sentence (docs/performance.md). The model returns the logits of those rows, (N, 
 targets of the same rows, so every criterion that flattens logits and targets (fairseq's too)
 computes the same loss up to rounding: a token's output depends on no pad (pads are masked keys and
 come after a sentence's end). Dropout draws masks of another shape, so a run is not the bit-for-bit
-twin of one without the flag.
+twin of one without the flag. The rows go on past the tokens to one of a few counts (padded_size: at
+most 16 an octave, at most 1/16 more), copies of the last token that the attention cores never read
+and whose logits are cut before the loss: on a CPU oneDNN compiles a kernel for each matrix-product
+shape, and a batch's token count is new at most batches of epoch 1. They change no loss or gradient
+but for rounding (the weight gradients' sums run over more rows, of zeros).
 
 With the target vocabulary mask (--target-vocab-mask) and this plugin's criterion the output layer
 computes the logits of the types the decoder may generate only, (N, V'), and get_targets maps the
@@ -80,6 +84,14 @@ def group_sizes(lengths, max_groups, min_gain=MIN_GAIN):
     return sizes
 
 
+def padded_size(n):
+    """N rounded up to a multiple of 2^(bits(N) - 5): at most 16 sizes an octave, at most N/16 more.
+    oneDNN compiles a kernel for each matrix-product shape it meets (milliseconds each,
+    docs/performance.md); a batch's token count is new at most batches of epoch 1, a padded one met again."""
+    step = 1 << max(0, n.bit_length() - 5)
+    return -(-n // step) * step
+
+
 class Group:
     """Sentences of a batch whose attention cores share one (sentences, length) grid: COUNT sentences
     (SENTENCES their places in the batch; None: the whole batch in its order), rows START..END of the
@@ -123,6 +135,10 @@ class Rows:
         position = np.arange(len(sentence)) - first_row[sentence]  # its position in that sentence
         device = tokens.device
         self.index = torch.from_numpy(order[sentence] * self.length + starts[sentence] + position).to(device)
+        # rows past the tokens, copies of the last one (padded_size): each layer's products see one of a few
+        # row counts; the attention cores never read them, and the logits are cut to the tokens' rows
+        self.pad_rows = padded_size(len(sentence)) - len(sentence)
+        self._taken = torch.cat([self.index, self.index[-1:].expand(self.pad_rows)]) if self.pad_rows else self.index
         self.groups = []
         first = 0
         for size in sizes:
@@ -137,8 +153,8 @@ class Rows:
             first = last
 
     def take(self, x):
-        """(batch, length, ...) -> (N, ...)"""
-        return x.reshape(self.bsz * self.length, *x.shape[2:]).index_select(0, self.index)
+        """(batch, length, ...) -> (N + pad_rows, ...): the tokens' rows, then the padding rows"""
+        return x.reshape(self.bsz * self.length, *x.shape[2:]).index_select(0, self._taken)
 
     def split(self, x):
         """X (batch, ...) -> each group's sentences of it (X itself with one group)"""
@@ -182,11 +198,12 @@ def decoder_rows(decoder, prev_output_tokens, encoder_out):
                        cross, lambda h, layer=layer: feed_forward(layer, h))
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
-    extra = {"attn": [None], "inner_states": [x], "packed_rows": rows.index}
+    n = len(rows.index)
+    extra = {"attn": [None], "inner_states": [x[:n]], "packed_rows": rows.index}
     if not decoder.allowed_only:
-        return decoder.output_layer(x), extra
+        return decoder.output_layer(x)[:n], extra
     types, extra["packed_types"] = allowed_types(decoder)
-    return allowed_logits(decoder, x, types), extra
+    return allowed_logits(decoder, x, types)[:n], extra
 
 
 def allowed_types(decoder):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from qknorm_fairseq import decoder_rows
 from qknorm_fairseq.criterion import MaskedLabelSmoothedCrossEntropyCriterion
-from qknorm_fairseq.decoder_rows import Rows, group_sizes
+from qknorm_fairseq.decoder_rows import Rows, group_sizes, padded_size
 
 from helpers import build
 
@@ -231,6 +232,36 @@ def test_packed_groups_give_the_loss_and_gradients_of_one_grid(tiny_data):
     scale = max(g.abs().max().item() for g in one[2].values())
     for name, g in one[2].items():
         assert torch.allclose(grouped[2][name], g, rtol=1e-4, atol=1e-6 * scale), name
+
+
+def test_padded_sizes_are_few_and_close_above():
+    sizes = [padded_size(n) for n in range(1, 1 << 14)]
+    assert all(n <= size <= n + n // 16 for n, size in enumerate(sizes, 1))
+    assert sizes[:32] == list(range(1, 33))  # below 32 rows: every count its own
+    for octave in range(5, 14):  # [2^k, 2^(k+1)): 2^k and 16 steps of 2^(k-4) above it
+        low, step = 1 << octave, 1 << (octave - 4)
+        assert {padded_size(n) for n in range(low, 2 * low)} == set(range(low, 2 * low + 1, step))
+    assert padded_size(2200) == 2304
+
+
+def test_padding_rows_change_no_loss_and_no_gradient(tiny_data, monkeypatch):
+    """The rows past the tokens (padded_size) pass through the layers' position-wise work only: the loss
+    and gradients of a batch with seven of them are those without, and the logits the tokens' rows."""
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
+    model.train()
+    criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    sample = _sample(task)
+    results = {}
+    for extra in (0, 7):
+        monkeypatch.setattr(decoder_rows, "padded_size", lambda n, _extra=extra: n + _extra)
+        assert Rows(sample["net_input"]["prev_output_tokens"], task.tgt_dict.pad(), 3).pad_rows == extra
+        tokens = int(sample["target"].ne(task.tgt_dict.pad()).sum())
+        assert model(**sample["net_input"])[0].shape[0] == tokens
+        results[extra] = _loss_and_grads(model, task, criterion, sample, True)
+    assert results[7][:2] == pytest.approx(results[0][:2], rel=1e-6)
+    scale = max(g.abs().max().item() for g in results[0][2].values())
+    for name, g in results[0][2].items():
+        assert torch.allclose(results[7][2][name], g, rtol=1e-5, atol=1e-7 * scale), name
 
 
 def test_what_the_packed_decoder_cannot_run_is_refused(tiny_data):
