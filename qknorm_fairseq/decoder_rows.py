@@ -13,9 +13,9 @@ sentence (docs/performance.md). The model returns the logits of those rows, (N, 
 targets of the same rows, so every criterion that flattens logits and targets (fairseq's too)
 computes the same loss up to rounding: a token's output depends on no pad (pads are masked keys and
 come after a sentence's end). Dropout draws masks of another shape, so a run is not the bit-for-bit
-twin of one without the flag. The rows go on past the tokens to one of a few counts (padded_size: at
+twin of one without the flag. On a CPU the rows go on past the tokens to one of a few counts (padded_size: at
 most 16 an octave, at most 1/16 more), copies of the last token that the attention cores never read
-and whose logits are cut before the loss: on a CPU oneDNN compiles a kernel for each matrix-product
+and whose logits are cut before the loss: oneDNN compiles a kernel for each matrix-product
 shape, and a batch's token count is new at most batches of epoch 1. They change no loss or gradient
 but for rounding (the weight gradients' sums run over more rows, of zeros).
 
@@ -135,9 +135,9 @@ class Rows:
         position = np.arange(len(sentence)) - first_row[sentence]  # its position in that sentence
         device = tokens.device
         self.index = torch.from_numpy(order[sentence] * self.length + starts[sentence] + position).to(device)
-        # rows past the tokens, copies of the last one (padded_size): each layer's products see one of a few
-        # row counts; the attention cores never read them, and the logits are cut to the tokens' rows
-        self.pad_rows = padded_size(len(sentence)) - len(sentence)
+        # on a CPU, rows past the tokens, copies of the last one (padded_size): each layer's products see one
+        # of a few row counts; the attention cores never read them, and the logits are cut to the tokens' rows
+        self.pad_rows = padded_size(len(sentence)) - len(sentence) if device.type == "cpu" else 0
         self._taken = torch.cat([self.index, self.index[-1:].expand(self.pad_rows)]) if self.pad_rows else self.index
         self.groups = []
         first = 0
