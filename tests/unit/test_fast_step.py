@@ -212,9 +212,9 @@ def test_fast_dropout_encoder_layer_is_fairseqs_forward_with_its_fused_passes(ti
 
 @pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels")
 def test_fast_dropout_encoder_applies_every_dropout_in_its_c_loop(tiny_data, monkeypatch):
-    """The encoder's residual stream is (len, bsz, embed) in memory order, so each of its dropouts (the
-    embeddings', and per layer the residual, ReLU and attention ones) is one C loop, none drawn by
-    numpy and applied by torch's ops."""
+    """The --fast-dropout encoder layers take the residual stream (len, bsz, embed) in memory order, not
+    as fairseq's transposed view, so each of the encoder's dropouts (the embeddings', and per layer the
+    residual, ReLU and attention ones) is one C loop, none drawn by numpy and applied by torch's ops."""
     from qknorm_fairseq import fast_dropout as fd
 
     model, task = build(tiny_data / "bin", "transformer_qknorm", "--fast-dropout", "--dropout", "0.3",
@@ -229,6 +229,7 @@ def test_fast_dropout_encoder_applies_every_dropout_in_its_c_loop(tiny_data, mon
     layers = len(model.encoder.layers)
     assert numpy_masks == [] and out.is_contiguous()
     assert calls.count("qk_dropout_forward") == 1 + 4 * layers, calls
+
 
 def test_flat_bf16_master_zeroes_only_what_the_gradient_copy_does_not_write():
     """zero_grad leaves the flat master gradient as it is; the sync then writes every parameter's
