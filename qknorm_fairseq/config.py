@@ -76,8 +76,10 @@ class QKNormConfig(FairseqDataclass):
         default=False, metadata={"help": "in training, QKNorm's normalisation and --fused-loss's passes over the "
                                          "logits each run as one loop compiled by torch.compile (a C++ compiler on "
                                          "a CPU; a few seconds' compiling the first time), on a CPU the l2 "
-                                         "normalisation as C loops instead, and the attention's mask, softmax and "
-                                         "dropout (--fast-dropout's, or none) one C loop; the same formulas, another rounding "
+                                         "normalisation as C loops instead, the attention's mask, softmax and "
+                                         "dropout (--fast-dropout's, or none) one C loop, and LayerNorm C loops "
+                                         "(pre-norm: with --fast-dropout's residual dropout before it); the same "
+                                         "formulas, another rounding "
                                          "(qknorm_fairseq/fused_kernels.py)"})
     packed_decoder: bool = field(
         default=False, metadata={"help": "in training, the decoder computes its target's tokens only, not the "

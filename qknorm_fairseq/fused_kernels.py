@@ -18,6 +18,13 @@ On a CPU too, the matmul attention's additive mask, softmax and dropout are one 
 backward (csrc/softmax_dropout.c) where the dropout is --fast-dropout's (the same draws, so the same kept
 units) or none: the softmax in fp32 with its own exponential, other rounding than torch's softmax.
 
+On a CPU as well, LayerNorm (fp32 or bf16 rows, the weight and bias of their dtype) is one C loop forward
+and one backward (csrc/layer_norm.c; RowsLayerNorm, which the model puts in torch's LayerNorm's place, the
+same parameters): the formula in fp32, rounded once, where torch's bf16 backward sums the weight's and bias's
+gradients less exactly. In a pre-norm layer, --fast-dropout's residual dropout and the LayerNorm after it
+are one loop (x = residual + dropout(y), h = LayerNorm(x)): the bits of the two loops, one pass fewer each
+way, and the backward adds x's two gradients itself where autograd would add them in another pass.
+
 Dropout stays out of the compiled loops: Inductor's CPU random numbers are slow to draw (torch's dropout
 through torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are
 marked dynamic (batches differ in length and size): each function compiles once, plus once per
@@ -164,6 +171,123 @@ def _softmax_library():
         "qk_softmax_dropout_backward": ([ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
                                         + [ctypes.c_float, ctypes.c_int], None),
     }, "--fused-kernels", "the attention's mask, softmax and dropout run as torch's ops instead")
+
+
+def _layer_norm_library():
+    return native.kernels("layer_norm", {
+        "qk_layer_norm_forward": ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int],
+                                  None),
+        "qk_dropout_add_norm_forward": ([ctypes.c_int] + [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+                                        + [ctypes.c_uint64] * 4 + [ctypes.c_int, ctypes.c_float, ctypes.c_int], None),
+        "qk_layer_norm_backward": ([ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_float] + [ctypes.c_void_p] * 4
+                                   + [ctypes.c_int64] * 2 + [ctypes.c_int], None),
+    }, "--fused-kernels", "LayerNorm runs as torch's layer_norm instead")
+
+
+def layer_norm_kernel(name, *args):
+    """Runs csrc/layer_norm.c's NAME (one place for step_profile to time them)."""
+    getattr(_layer_norm_library(), name)(*args)
+
+
+def _norm_backward(ctx, dh, gx=None):
+    """(dx, dy, dw, db) of layer_norm.c's backward: dy (and gx's sum into dx) with the dropout only."""
+    x, weight, mean, r, kept = ctx.saved_tensors
+    dh = dh.contiguous()
+    dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    dy = None if kept is None else torch.empty_like(x)
+    gx = None if kept is None else gx.contiguous()
+    layer_norm_kernel("qk_layer_norm_backward", native.DTYPES[x.dtype], dh.data_ptr(), x.data_ptr(), mean.data_ptr(),
+                      r.data_ptr(), weight.data_ptr(), None if gx is None else gx.data_ptr(),
+                      None if kept is None else kept.data_ptr(), ctx.scale, dx.data_ptr(),
+                      None if dy is None else dy.data_ptr(), dw.data_ptr(), db.data_ptr(), r.numel(), x.size(-1),
+                      native.threads(x.numel()))
+    return dx, dy, dw, db
+
+
+def _statistics(x):
+    rows = x.numel() // x.size(-1)
+    return torch.empty(rows, dtype=torch.float32), torch.empty(rows, dtype=torch.float32)
+
+
+class _LayerNormRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        h = torch.empty_like(x)
+        mean, r = _statistics(x)
+        layer_norm_kernel("qk_layer_norm_forward", native.DTYPES[x.dtype], x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
+                          h.data_ptr(), mean.data_ptr(), r.data_ptr(), r.numel(), x.size(-1), eps, native.threads(x.numel()))
+        ctx.save_for_backward(x, weight, mean, r, None)
+        ctx.scale = 0.0
+        return h
+
+    @staticmethod
+    def backward(ctx, dh):
+        dx, _, dw, db = _norm_backward(ctx, dh)
+        return dx, dw, db, None
+
+
+class _DropoutAddNorm(torch.autograd.Function):
+    """(x, h): x = residual + dropout(y) as --fast-dropout's (the same kept units and bits), h = LayerNorm(x)."""
+
+    @staticmethod
+    def forward(ctx, y, residual, p, weight, bias, eps):
+        keep = 1.0 - p
+        x, h = torch.empty_like(y), torch.empty_like(y)
+        kept = torch.empty(y.shape, dtype=torch.uint8)
+        mean, r = _statistics(y)
+        ctx.scale = fast_dropout.scale(keep, y.dtype)
+        layer_norm_kernel("qk_dropout_add_norm_forward", native.DTYPES[y.dtype], y.data_ptr(), residual.data_ptr(),
+                          x.data_ptr(), kept.data_ptr(), weight.data_ptr(), bias.data_ptr(), h.data_ptr(), mean.data_ptr(),
+                          r.data_ptr(), r.numel(), y.size(-1), eps, *fast_dropout.generator_state(),
+                          fast_dropout.threshold(keep), ctx.scale, native.threads(y.numel()))
+        ctx.save_for_backward(x, weight, mean, r, kept)
+        return x, h
+
+    @staticmethod
+    def backward(ctx, gx, dh):
+        dx, dy, dw, db = _norm_backward(ctx, dh, gx)
+        return dy, dx, None, dw, db, None
+
+
+def fits_layer_norm(x, weight, bias):
+    """Whether layer_norm.c's loops take these (CPU, fp32 or bf16 rows, contiguous, over the last dim,
+    the weight and bias of their dtype)."""
+    return (x.device.type == "cpu" and x.dtype in native.DTYPES and x.numel() and x.is_contiguous()
+            and weight is not None and bias is not None and weight.dtype == bias.dtype == x.dtype
+            and weight.dim() == 1 and weight.numel() == x.size(-1) and weight.is_contiguous() and bias.is_contiguous()
+            and native.is_enabled() and _layer_norm_library() is not None)
+
+
+def layer_norm(x, weight, bias, eps):
+    """LayerNorm over the last dim in fp32, rounded once to x's dtype, in one C loop forward and one
+    backward where fits_layer_norm says; else torch's layer_norm."""
+    if fits_layer_norm(x, weight, bias):
+        return _LayerNormRows.apply(x, weight, bias, eps)
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+class RowsLayerNorm(torch.nn.LayerNorm):
+    """torch's LayerNorm (the same parameters and state dict) that trains through layer_norm's C loops."""
+
+    @classmethod
+    def like(cls, norm):
+        new = cls(norm.normalized_shape, eps=norm.eps, elementwise_affine=norm.elementwise_affine)
+        new.load_state_dict(norm.state_dict())
+        return new
+
+    def forward(self, x):
+        if self.training and len(self.normalized_shape) == 1:
+            return layer_norm(x, self.weight, self.bias, self.eps)
+        return super().forward(x)
+
+    def after_dropout(self, dropout, y, residual):
+        """(x, self(x)) for x = residual + DROPOUT(y), in one C loop forward and one backward where
+        DROPOUT is --fast-dropout's drawing a mask, in training, and layer_norm.c takes the rows; else None."""
+        if not (self.training and len(self.normalized_shape) == 1 and isinstance(dropout, fast_dropout.FastDropout)
+                and dropout._draws_mask() and residual.shape == y.shape and residual.dtype == y.dtype
+                and residual.is_contiguous() and fits_layer_norm(y, self.weight, self.bias)):
+            return None
+        return _DropoutAddNorm.apply(y, residual, dropout.p, self.weight, self.bias, self.eps)
 
 
 def softmax_kernel(name, *args):

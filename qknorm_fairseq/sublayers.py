@@ -9,15 +9,22 @@ import torch.nn.functional as F
 def residual_sublayers(layer, x, sublayers):
     """X through LAYER's SUBLAYERS, (norm, function of the normalised input) pairs, None skipped:
     pre-norm or post-norm residual blocks as LAYER.normalize_before says."""
-    for norm, sublayer in sublayers:
-        if sublayer is None:
-            continue
-        residual = x
-        if layer.normalize_before:
-            x = norm(x)
-        x = dropped_residual(layer.dropout_module, sublayer(x), residual)
-        if not layer.normalize_before:
-            x = norm(x)
+    sublayers = [(norm, sublayer) for norm, sublayer in sublayers if sublayer is not None]
+    if not layer.normalize_before:
+        for norm, sublayer in sublayers:
+            x = norm(dropped_residual(layer.dropout_module, sublayer(x), x))
+        return x
+    h = sublayers[0][0](x) if sublayers else x
+    for i, (_, sublayer) in enumerate(sublayers):
+        y = sublayer(h)
+        after = getattr(sublayers[i + 1][0], "after_dropout", None) if i + 1 < len(sublayers) else None
+        fused = after and after(layer.dropout_module, y, x)  # --fused-kernels' LayerNorm: one pass with the dropout
+        if fused:
+            x, h = fused
+        else:
+            x = dropped_residual(layer.dropout_module, y, x)
+            if i + 1 < len(sublayers):
+                h = sublayers[i + 1][0](x)
     return x
 
 

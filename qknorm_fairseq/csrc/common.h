@@ -49,6 +49,11 @@ static inline void store(void *p, int dtype, int64_t i, float v) {
         __VA_ARGS__          \
     }
 
+/* r + x m as torch's addcmul computes it: on fp32 one fused multiply-add, on bf16 a product and a sum in fp32 */
+static inline float addmul(int dtype, float r, float x, float m) {
+    return dtype == F32 ? __builtin_fmaf(x, m, r) : r + x * m;
+}
+
 #define LANES 16 /* fp32 partial sums: a vector's width */
 
 /* The sum of TERM (an expression of j) for j < LEN, through LANES fp32 partial sums added in lane

@@ -60,11 +60,6 @@ void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
 
 static inline float relu(float v) { return v <= 0.0f ? 0.0f : v; } /* NaN stays NaN, as torch's */
 
-static inline float addmul(int dtype, float r, float x, float m) {
-    /* torch's addcmul: on fp32 one fused multiply-add, on bf16 a product and a sum in fp32 */
-    return dtype == F32 ? __builtin_fmaf(x, m, r) : r + x * m;
-}
-
 /* y = x * m, residual + x * m or relu(x) * m (KIND), m = SCALE where the draw < THRESHOLD, else 0;
  * for x * m and residual + x * m, KEPT[j] = 1 where m is SCALE, for the backward. */
 void qk_dropout_forward(int kind, int dtype, const void *x, const void *residual, void *y, uint8_t *kept, int64_t n,

@@ -19,7 +19,8 @@ during update K - 1, with torch.profiler: its wall time (update_ms), the CPU tim
 the share of the eight costliest (self time; op_ms, top_ops), and its time by op family (op_families,
 ms; FAMILIES below): the optimizer step and the gradient clipping whole, --fast-dropout's mask draws
 whole (numpy's included) and its C loops whole (draws and masks applied, forward and backward),
---fused-kernels' compiled loops, its l2 C loops as norms, its attention softmax's C loops as softmax,
+--fused-kernels' compiled loops, its l2 and LayerNorm C loops as norms (with the residual dropout before a
+LayerNorm where one loop applies both), its attention softmax's C loops as softmax,
 every other ATen op by its name, and "framework" for the rest of the wall time (Python, dispatch, the
 autograd engine, the profiler's own cost);
 then the training split's batches as the trainer draws them in an epoch: their number, the
@@ -66,10 +67,10 @@ ELEMENTWISE = "elementwise and copies"  # every other ATen op: casts, residuals,
 COMPILED, COMPILED_EVENT = "compiled loops", "## Call CompiledFxGraph"
 # whole regions of an update, everything inside them (Python and non-ATen work too)
 OPTIMIZER = "optimizer and clip"
-# kernel: --fast-dropout's C loops; l2_kernel and softmax_kernel: --fused-kernels' l2 normalisation's and
-# attention softmax's (its dropout included)
+# kernel: --fast-dropout's C loops; l2_kernel, layer_norm_kernel and softmax_kernel: --fused-kernels' l2
+# normalisation's, LayerNorm's (with the residual dropout before it) and attention softmax's (its dropout too)
 REGIONS = {"clip": OPTIMIZER, "step": OPTIMIZER, "keep_mask": "dropout", "kernel": "dropout", "l2_kernel": "norms",
-           "softmax_kernel": "softmax and loss"}
+           "layer_norm_kernel": "norms", "softmax_kernel": "softmax and loss"}
 FRAMEWORK = "framework"
 
 
@@ -199,13 +200,14 @@ def profiled(trainer, original, samples, raise_oom):
     from qknorm_fairseq import fast_dropout, fused_kernels
 
     saved = (trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask, fast_dropout.kernel,
-             fused_kernels.kernel, fused_kernels.softmax_kernel)
+             fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel)
     trainer.clip_grad_norm = regioned("clip", trainer.clip_grad_norm)
     trainer.optimizer.step = regioned("step", trainer.optimizer.step)
     fast_dropout.keep_mask = regioned("keep_mask", fast_dropout.keep_mask)
     fast_dropout.kernel = regioned("kernel", fast_dropout.kernel)
     fused_kernels.kernel = regioned("l2_kernel", fused_kernels.kernel)
     fused_kernels.softmax_kernel = regioned("softmax_kernel", fused_kernels.softmax_kernel)
+    fused_kernels.layer_norm_kernel = regioned("layer_norm_kernel", fused_kernels.layer_norm_kernel)
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
@@ -213,7 +215,7 @@ def profiled(trainer, original, samples, raise_oom):
             wall_ms = (time.perf_counter() - start) * 1e3
     finally:
         (trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask, fast_dropout.kernel,
-         fused_kernels.kernel, fused_kernels.softmax_kernel) = saved
+         fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel) = saved
     return result, {"update_ms": round(wall_ms, 1), **time_shares(prof),
                     "op_families": op_families(prof.events(), wall_ms)}
 

@@ -1,0 +1,121 @@
+/* --fused-kernels on a CPU: LayerNorm over rows of D contiguous values, fp32 or bf16 (the weight and
+ * bias in the rows' dtype), fp32 arithmetic, forward and backward each one pass over a row; alone, or
+ * with --fast-dropout's residual dropout before it (a pre-norm layer's x = residual + dropout(y),
+ * h = LayerNorm(x)) in the same pass.
+ *
+ * Forward: h = (x - mean) r w + b, r = 1 / sqrt(var + eps), the variance biased (torch's), both from
+ * the row in fp32; MEAN and R keep them per row for the backward.
+ * Backward, with xhat = (x - mean) r and g = dh w:
+ *   dx = r (g - mean(g) - xhat mean(g xhat)),  dw = sum over rows of dh xhat,  db = sum of dh.
+ * dw and db are summed in fp32 over blocks of BLOCK rows, the blocks then added in order, so that
+ * neither their bits nor dx's depend on the thread count.
+ *
+ * With the dropout: x = residual + y m as fast_dropout.c's ADD computes it, m drawn from the same
+ * stream at the same place (each row's draws start at row * D), KEPT[j] = 1 where m is SCALE. The
+ * backward takes the gradient of x from its other readers (GX) beside that of h, and returns their
+ * sum (the residual's gradient) and its product with m (y's gradient). Each value is rounded where the
+ * unfused loops round it (LayerNorm's dx, the sum, the product), so the bits are those of
+ * fast_dropout.c's loops with this file's LayerNorm (tests/unit/test_layer_norm.py).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "pcg.h"
+
+#define BLOCK 64
+
+/* row O of X normalised into H; its mean and 1 / std into *M, *RI */
+static inline void norm_row(int DT, const void *restrict x, const void *restrict w, const void *restrict b,
+                            void *restrict h, int64_t o, int64_t d, float eps, float *m, float *ri) {
+    float mean = LANE_SUM(d, load(x, DT, o + j)) / (float)d;
+    float var = LANE_SUM(d, (load(x, DT, o + j) - mean) * (load(x, DT, o + j) - mean)) / (float)d;
+    float r = 1.0f / sqrtf(var + eps);
+    for (int64_t j = 0; j < d; j++)
+        store(h, DT, o + j, (load(x, DT, o + j) - mean) * r * load(w, DT, j) + load(b, DT, j));
+    *m = mean;
+    *ri = r;
+}
+
+void qk_layer_norm_forward(int dtype, const void *restrict x, const void *restrict w, const void *restrict b,
+                           void *restrict h, float *restrict mean, float *restrict r, int64_t rows, int64_t d, float eps,
+                           int threads) {
+    BY_DTYPE(
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")
+        for (int64_t row = 0; row < rows; row++)
+            norm_row(DT, x, w, b, h, row * d, d, eps, &mean[row], &r[row]);)
+}
+
+void qk_dropout_add_norm_forward(int dtype, const void *restrict y, const void *restrict residual, void *restrict x,
+                                 uint8_t *restrict kept, const void *restrict w, const void *restrict b, void *restrict h,
+                                 float *restrict mean, float *restrict r, int64_t rows, int64_t d, float eps, STATE_ARGS,
+                                 int threshold, float scale, int threads) {
+    STATE_INIT
+    int16_t *draw = malloc((size_t)(d * threads) * sizeof(int16_t));
+    BY_DTYPE(
+        _Pragma("omp parallel num_threads(threads)") {
+            int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            int64_t first = rows * t / nt, last = rows * (t + 1) / nt;
+            int16_t *dr = draw + d * t;
+            draws_t stream;
+            draws_from(&stream, state, inc, (uint64_t)(first * d));
+            for (int64_t row = first; row < last; row++) {
+                int64_t o = row * d;
+                draws_next(&stream, dr, d);
+                for (int64_t j = 0; j < d; j++) {
+                    int drawn = dr[j] < threshold;
+                    kept[o + j] = drawn;
+                    store(x, DT, o + j, addmul(DT, load(residual, DT, o + j), load(y, DT, o + j), drawn ? scale : 0.0f));
+                }
+                norm_row(DT, x, w, b, h, o, d, eps, &mean[row], &r[row]);
+            }
+        })
+    free(draw);
+}
+
+/* The backward of both (KEPT NULL: LayerNorm alone, GX unread, DY unwritten). */
+void qk_layer_norm_backward(int dtype, const void *restrict dh, const void *restrict x, const float *restrict mean,
+                            const float *restrict r, const void *restrict w, const void *restrict gx,
+                            const uint8_t *restrict kept, float scale, void *restrict dx, void *restrict dy,
+                            void *restrict dw, void *restrict db, int64_t rows, int64_t d, int threads) {
+    int64_t blocks = (rows + BLOCK - 1) / BLOCK;
+    float *partial = calloc((size_t)(2 * blocks * d), sizeof(float)); /* per block: dw's sums, then db's */
+    BY_DTYPE(
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")
+        for (int64_t block = 0; block < blocks; block++) {
+            float *restrict pw = partial + 2 * block * d, *restrict pb = pw + d;
+            int64_t end = (block + 1) * BLOCK < rows ? (block + 1) * BLOCK : rows;
+            for (int64_t row = block * BLOCK; row < end; row++) {
+                int64_t o = row * d;
+                float m = mean[row], ri = r[row];
+                float a = LANE_SUM(d, load(dh, DT, o + j) * load(w, DT, j)) / (float)d;
+                float c = LANE_SUM(d, load(dh, DT, o + j) * load(w, DT, j) * ((load(x, DT, o + j) - m) * ri)) / (float)d;
+                if (kept == NULL) {
+                    for (int64_t j = 0; j < d; j++)
+                        store(dx, DT, o + j, ri * (load(dh, DT, o + j) * load(w, DT, j) - a - (load(x, DT, o + j) - m) * ri * c));
+                } else {
+                    for (int64_t j = 0; j < d; j++) {
+                        float v = round_to(DT, ri * (load(dh, DT, o + j) * load(w, DT, j) - a - (load(x, DT, o + j) - m) * ri * c));
+                        store(dx, DT, o + j, load(gx, DT, o + j) + v);
+                    }
+                    for (int64_t j = 0; j < d; j++)
+                        store(dy, DT, o + j, load(dx, DT, o + j) * (kept[o + j] ? scale : 0.0f));
+                }
+                for (int64_t j = 0; j < d; j++) {
+                    pw[j] += load(dh, DT, o + j) * ((load(x, DT, o + j) - m) * ri);
+                    pb[j] += load(dh, DT, o + j);
+                }
+            }
+        }
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")
+        for (int64_t j = 0; j < d; j++) {
+            float sw = 0.0f, sb = 0.0f;
+            for (int64_t block = 0; block < blocks; block++) {
+                sw += partial[2 * block * d + j];
+                sb += partial[2 * block * d + d + j];
+            }
+            store(dw, DT, j, sw);
+            store(db, DT, j, sb);
+        })
+    free(partial);
+}
