@@ -186,18 +186,17 @@ class NormAttention(MultiheadAttention):
         else:
             k, v, _ = self.source_keys(key, key, None, rows.bsz)
             ks, vs = rows.split(k), rows.split(v)
-        outs = []
+        qs, outs = rows.grids(q), []
+        if self.self_attention:
+            ks, vs = rows.grids(k), rows.grids(v)
         for i, group in enumerate(rows.groups):
             if self.self_attention:
                 mask = None if attn_mask is None else attn_mask[:group.length, :group.length]
-                out = self._fused(group.grid(q), group.grid(k), group.grid(v), group.key_pad, mask)
+                outs.append(self._fused(qs[i], ks[i], vs[i], group.key_pad, mask))
             else:
                 pad = key_padding_masks[i]
-                out = self._fused(group.grid(q), ks[i], vs[i], None if pad is None else pad.bool(), None)
-            outs.append(group.take(out))  # the decoder's attention is a softmax
-        if rows.pad_rows:
-            outs.append(x.new_zeros(rows.pad_rows, self.embed_dim))
-        return self.out_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+                outs.append(self._fused(qs[i], ks[i], vs[i], None if pad is None else pad.bool(), None))
+        return self.out_proj(rows.from_grids(outs))  # the decoder's attention is a softmax
 
     def query_heads(self, query, bsz):
         """The projected queries, (bsz, heads, len, head_dim); QKNorm: normalised."""

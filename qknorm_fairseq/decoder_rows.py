@@ -107,10 +107,10 @@ class Group:
         full = rows.new_zeros(self.count * self.length, *rows.shape[1:]).index_copy(0, self.local, rows)
         return full.view(self.count, self.length, *rows.shape[1:]).transpose(1, 2)
 
-    def take(self, x):
-        """(count, heads, length, head_dim) -> the group's rows (N_g, heads * head_dim)"""
+    def take(self, x, out):
+        """(count, heads, length, head_dim) -> the group's rows (N_g, heads * head_dim), into OUT"""
         b, h, t, d = x.shape
-        return x.transpose(1, 2).reshape(b * t, h * d).index_select(0, self.local)
+        return torch.index_select(x.transpose(1, 2).reshape(b * t, h * d), 0, self.local, out=out)
 
 
 class Rows:
@@ -160,7 +160,82 @@ class Rows:
         """X (batch, ...) -> each group's sentences of it (X itself with one group)"""
         if len(self.groups) == 1:
             return [x]
+        if torch.is_grad_enabled() and x.requires_grad:
+            return list(_Split.apply(x, self))
         return [x.index_select(0, group.sentences) for group in self.groups]
+
+    def grids(self, x):
+        """X (N + pad_rows, heads, head_dim) -> each group's grid of it (Group.grid)"""
+        if torch.is_grad_enabled() and x.requires_grad:
+            return list(_Grids.apply(x, self))
+        return [group.grid(x) for group in self.groups]
+
+    def from_grids(self, outs):
+        """each group's grid OUTS[i] (count, heads, length, head_dim) -> their rows (N + pad_rows, heads *
+        head_dim), zeros in the padding rows"""
+        if torch.is_grad_enabled() and any(out.requires_grad for out in outs):
+            return _FromGrids.apply(self, *outs)
+        return _from_grids(self, outs)
+
+
+# One autograd function each for the groups together: the gradient of X is written once, group by group
+# into its rows (the groups' rows and sentences are disjoint), where autograd, through a slice or
+# index_select per group, allocates a zero tensor of X's size for each group and then adds them up.
+
+class _Split(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, rows):
+        ctx.rows = rows
+        return tuple(x.index_select(0, group.sentences) for group in rows.groups)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        dx = grads[0].new_empty(ctx.rows.bsz, *grads[0].shape[1:])  # the groups' sentences are all of them
+        for group, grad in zip(ctx.rows.groups, grads):
+            dx.index_copy_(0, group.sentences, grad)
+        return dx, None
+
+
+class _Grids(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, rows):
+        ctx.rows = rows
+        return tuple(group.grid(x) for group in rows.groups)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        rows, n = ctx.rows, len(ctx.rows.index)
+        _, h, _, d = grads[0].shape
+        dx = grads[0].new_empty(n + rows.pad_rows, h, d)
+        for group, grad in zip(rows.groups, grads):
+            b, _, t, _ = grad.shape
+            torch.index_select(grad.transpose(1, 2).reshape(b * t, h, d), 0, group.local, out=dx[group.start:group.end])
+        dx[n:].zero_()
+        return dx, None
+
+
+def _from_grids(rows, outs):
+    _, h, _, d = outs[0].shape
+    y = outs[0].new_empty(len(rows.index) + rows.pad_rows, h * d)
+    for group, out in zip(rows.groups, outs):
+        group.take(out, y[group.start:group.end])
+    y[len(rows.index):].zero_()
+    return y
+
+
+class _FromGrids(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, *outs):
+        ctx.rows, ctx.shapes = rows, [out.shape for out in outs]
+        return _from_grids(rows, outs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grads = []
+        for group, (b, h, t, d) in zip(ctx.rows.groups, ctx.shapes):
+            full = grad.new_zeros(b * t, h * d).index_copy_(0, group.local, grad[group.start:group.end])
+            grads.append(full.view(b, t, h, d).transpose(1, 2))
+        return (None, *grads)
 
 
 def layer_rows(layer, x, self_attention, cross_attention, ffn):

@@ -204,9 +204,8 @@ def test_rows_take_each_token_once_and_group_grids_put_them_back():
     assert all(bool(row[n:].eq(0).all()) for grid in grids for row in grid for n in [int((row != 0).sum())])
     assert rows.groups[2].key_pad.tolist() == [[False, False], [False, True]] and rows.groups[0].key_pad is None
     assert [g.sentences.tolist() for g in rows.groups] == [[1], [3], [0, 2]]
-    # take is grid's inverse
-    for g, grid in zip(rows.groups, grids):
-        assert torch.equal(g.take(grid[:, None, :, None]).view(-1), taken[g.start:g.end].view(-1))
+    # from_grids is grids' inverse
+    assert torch.equal(rows.from_grids([grid[:, None, :, None] for grid in grids]).view(-1), taken.view(-1))
     # one group: the batch's order, the batch's sentences
     one = Rows(tokens, pad=1, max_groups=1)
     assert one.index.tolist() == real.view(-1).nonzero().squeeze(1).tolist()
@@ -277,3 +276,38 @@ def test_what_the_packed_decoder_cannot_run_is_refused(tiny_data):
                                                          ignore_prefix_size=1)
     with pytest.raises(ValueError, match="--packed-decoder returns no .* --ignore-prefix-size"):
         criterion(model, _sample(task))
+
+
+def test_the_groups_gradients_are_those_of_the_per_group_ops_written_once():
+    """Rows.grids, from_grids and split with gradients: the same values and gradients as each group's own
+    index ops (grid, index_select, cat), summed by autograd, which the one-function backwards replace; the
+    padding rows' gradient is zero."""
+    tokens = torch.tensor([[5, 6, 1, 1, 1, 1, 1, 1], [7, 8, 9, 4, 4, 4, 4, 1], [3, 1, 1, 1, 1, 1, 1, 1],
+                           [1, 1, 1, 5, 6, 7, 8, 9], [4] * 8])
+    rows = Rows(tokens, pad=1, max_groups=3)
+    rows.pad_rows = 3  # as padded_size gives on a CPU for larger batches
+    assert len(rows.groups) == 3
+    g = torch.Generator().manual_seed(0)
+    n = len(rows.index) + rows.pad_rows
+    x0, source0 = torch.randn(n, 2, 3, generator=g), torch.randn(5, 2, 4, 3, generator=g)
+
+    def per_group(x, source):
+        grids = [group.grid(x) for group in rows.groups]
+        sources = [source.index_select(0, group.sentences) for group in rows.groups]
+        outs = [grid.matmul(s.transpose(-1, -2)).matmul(s) for grid, s in zip(grids, sources)]
+        taken = [o.transpose(1, 2).reshape(-1, 6).index_select(0, group.local) for o, group in zip(outs, rows.groups)]
+        return torch.cat([*taken, x.new_zeros(rows.pad_rows, 6)])
+
+    def together(x, source):
+        outs = [grid.matmul(s.transpose(-1, -2)).matmul(s) for grid, s in zip(rows.grids(x), rows.split(source))]
+        return rows.from_grids(outs)
+
+    results = []
+    for f in (per_group, together):
+        x, source = x0.clone().requires_grad_(), source0.clone().requires_grad_()
+        y = f(x, source)
+        y.backward(torch.arange(y.numel(), dtype=y.dtype).view_as(y).sin())
+        results.append((y.detach(), x.grad, source.grad))
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert results[1][1][-rows.pad_rows:].eq(0).all() and results[1][0][-rows.pad_rows:].eq(0).all()
