@@ -209,17 +209,17 @@ class FastDropout(FairseqDropout):
     def forward(self, x, inplace: bool = False):
         return fast_dropout(x, self.p, self.training or self.apply_during_inference)
 
-    def _draws_mask(self):
-        # p = 0 and p = 1 need no mask: fast_dropout returns x or zeros
+    def draws_mask(self):
+        """Whether this dropout draws a mask now (p = 0 and p = 1 need none: x or zeros)."""
         return 0 < self.p < 1 and (self.training or self.apply_during_inference)
 
     def add(self, x, residual):
         """residual + self(x)"""
-        return _DropoutAdd.apply(x, residual, self.p) if self._draws_mask() else residual + self(x)
+        return _DropoutAdd.apply(x, residual, self.p) if self.draws_mask() else residual + self(x)
 
     def relu(self, x):
         """self(relu(x))"""
-        return _ReluDropout.apply(x, self.p) if self._draws_mask() else self(torch.relu(x))
+        return _ReluDropout.apply(x, self.p) if self.draws_mask() else self(torch.relu(x))
 
 
 def swap_dropouts(module):

@@ -284,7 +284,7 @@ class RowsLayerNorm(torch.nn.LayerNorm):
         """(x, self(x)) for x = residual + DROPOUT(y), in one C loop forward and one backward where
         DROPOUT is --fast-dropout's drawing a mask, in training, and layer_norm.c takes the rows; else None."""
         if not (self.training and len(self.normalized_shape) == 1 and isinstance(dropout, fast_dropout.FastDropout)
-                and dropout._draws_mask() and residual.shape == y.shape and residual.dtype == y.dtype
+                and dropout.draws_mask() and residual.shape == y.shape and residual.dtype == y.dtype
                 and residual.is_contiguous() and fits_layer_norm(y, self.weight, self.bias)):
             return None
         return _DropoutAddNorm.apply(y, residual, dropout.p, self.weight, self.bias, self.eps)

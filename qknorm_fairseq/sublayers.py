@@ -14,17 +14,17 @@ def residual_sublayers(layer, x, sublayers):
         for norm, sublayer in sublayers:
             x = norm(dropped_residual(layer.dropout_module, sublayer(x), x))
         return x
+    following = [norm for norm, _ in sublayers[1:]] + [None]  # the norm after each sublayer's residual
     h = sublayers[0][0](x) if sublayers else x
-    for i, (_, sublayer) in enumerate(sublayers):
+    for (_, sublayer), norm in zip(sublayers, following):
         y = sublayer(h)
-        after = getattr(sublayers[i + 1][0], "after_dropout", None) if i + 1 < len(sublayers) else None
-        fused = after and after(layer.dropout_module, y, x)  # --fused-kernels' LayerNorm: one pass with the dropout
+        after = getattr(norm, "after_dropout", None)  # --fused-kernels' LayerNorm: one pass with the dropout
+        fused = after(layer.dropout_module, y, x) if after else None
         if fused:
             x, h = fused
         else:
             x = dropped_residual(layer.dropout_module, y, x)
-            if i + 1 < len(sublayers):
-                h = sublayers[i + 1][0](x)
+            h = norm(x) if norm is not None else None
     return x
 
 
