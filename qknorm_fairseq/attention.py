@@ -170,19 +170,23 @@ class NormAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return out, weights
 
-    def forward_rows(self, x, rows, key=None, key_padding_masks=None, attn_mask=None):
+    def forward_rows(self, x, rows, key=None, key_padding_masks=None, attn_mask=None, key_rows=None):
         """Training attention of queries given as rows X (N, embed) of a batch's sentences (decoder_rows.Rows:
         its tokens, then its padding rows, whose outputs are out_proj's of zeros), through out_proj: (N, embed);
         the cores run per length group of ROWS, on its grid. Self-attention
         takes its keys and values from the same rows, scattered into zeros at the pads (masked keys),
-        ATTN_MASK the future mask; encoder-decoder attention from KEY (src_len, bsz, embed), with
-        KEY_PADDING_MASKS the source's padding per group (Rows.split)."""
+        ATTN_MASK the future mask; encoder-decoder attention from KEY, the source (src_len, bsz, embed) or,
+        with KEY_ROWS (the source's Rows, one group), its rows, with KEY_PADDING_MASKS the source's padding
+        per group (Rows.split)."""
         def heads(y):
             return y.view(-1, self.num_heads, self.head_dim)
 
         q = self._qknorm(heads(self.q_proj(x)))
         if self.self_attention:
             k, v = self._qknorm(heads(self.k_proj(x))), heads(self.v_proj(x))
+        elif key_rows is not None:
+            (k,), (v,) = key_rows.grids(self._qknorm(heads(self.k_proj(key)))), key_rows.grids(heads(self.v_proj(key)))
+            ks, vs = rows.split(k), rows.split(v)
         else:
             k, v, _ = self.source_keys(key, key, None, rows.bsz)
             ks, vs = rows.split(k), rows.split(v)
@@ -191,12 +195,15 @@ class NormAttention(MultiheadAttention):
             ks, vs = rows.grids(k), rows.grids(v)
         for i, group in enumerate(rows.groups):
             if self.self_attention:
-                mask = None if attn_mask is None else attn_mask[:group.length, :group.length]
-                outs.append(self._fused(qs[i], ks[i], vs[i], group.key_pad, mask))
+                pad, mask = group.key_pad, None if attn_mask is None else attn_mask[:group.length, :group.length]
             else:
-                pad = key_padding_masks[i]
-                outs.append(self._fused(qs[i], ks[i], vs[i], None if pad is None else pad.bool(), None))
-        return self.out_proj(rows.from_grids(outs))  # the decoder's attention is a softmax
+                pad, mask = key_padding_masks[i], None
+                pad = None if pad is None else pad.bool()
+            if self.weights == "softmax":
+                outs.append(self._fused(qs[i], ks[i], vs[i], pad, mask))
+            else:  # DNAS/HNAS, in encoder self-attention only (check_args)
+                outs.append(self._explicit(qs[i], ks[i], vs[i], pad, mask)[0])
+        return self.out_proj(rows.from_grids(outs))
 
     def query_heads(self, query, bsz):
         """The projected queries, (bsz, heads, len, head_dim); QKNorm: normalised."""

@@ -89,6 +89,12 @@ class QKNormConfig(FairseqDataclass):
                                          "--target-vocab-mask and masked_label_smoothed_cross_entropy the logits "
                                          "and loss of the allowed types only (the same loss and gradient up to "
                                          "rounding; qknorm_fairseq/decoder_rows.py)"})
+    packed_encoder: bool = field(
+        default=False, metadata={"help": "in training, the encoder computes its source's tokens only, not the "
+                                         "padding, as --packed-decoder the decoder (its attention cores on one "
+                                         "grid a batch); with --packed-decoder the encoder-decoder attention "
+                                         "projects its keys and values from those rows (the same loss and "
+                                         "gradient up to rounding; qknorm_fairseq/encoder_rows.py)"})
     packed_groups: int = field(
         default=3, metadata={"help": "with --packed-decoder, the attention cores of a batch run on the grids of at "
                                      "most N (1, 2 or 3) groups of sentences of similar target length, each "

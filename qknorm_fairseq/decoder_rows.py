@@ -259,8 +259,13 @@ def decoder_rows(decoder, prev_output_tokens, encoder_out):
     if decoder.layernorm_embedding is not None:
         x = decoder.layernorm_embedding(x)
     x = decoder.dropout_module(x)
-    source = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
-    source_pad = encoder_out["encoder_padding_mask"][0] if encoder_out and encoder_out["encoder_padding_mask"] else None
+    source, source_pad, source_rows = None, None, None
+    if encoder_out and encoder_out.get("encoder_rows"):  # --packed-encoder's rows, right-padded on its grid
+        source, source_rows = encoder_out["encoder_rows"][0], encoder_out["source_rows"][0]
+        source_pad = source_rows.groups[0].key_pad
+    elif encoder_out and encoder_out["encoder_out"]:
+        source = encoder_out["encoder_out"][0]
+        source_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
     # each group's source padding, the same tensors in every layer (the attention's mask cache)
     source_pads = [None] * len(rows.groups) if source_pad is None else rows.split(source_pad)
     future = decoder.buffered_future_mask(x.new_empty(rows.length))
@@ -268,7 +273,7 @@ def decoder_rows(decoder, prev_output_tokens, encoder_out):
         cross = None
         if layer.encoder_attn is not None and source is not None:
             def cross(h, attn=layer.encoder_attn):
-                return attn.forward_rows(h, rows, key=source, key_padding_masks=source_pads)
+                return attn.forward_rows(h, rows, key=source, key_padding_masks=source_pads, key_rows=source_rows)
         x = layer_rows(layer, x, lambda h, attn=layer.self_attn: attn.forward_rows(h, rows, attn_mask=future),
                        cross, lambda h, layer=layer: feed_forward(layer, h))
     if decoder.layer_norm is not None:

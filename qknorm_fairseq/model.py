@@ -20,6 +20,7 @@ from torch import nn
 from . import config, criterion, data_stats, distributed
 from .attention import ATTENTIONS, NormAttention
 from .decoder_rows import decoder_rows, fairseq_extras, packed_targets
+from .encoder_rows import encoder_rows
 from .fixnorm import FixNormEmbedding, FixNormOutputProjection, shared_fixnorm
 from .language_embedding import add_language_embedding
 from .norms import NORMS
@@ -214,6 +215,17 @@ def rows_problem(decoder):
     return fairseq_extras(decoder)
 
 
+def encoder_rows_problem(encoder, cfg):
+    """Why ENCODER cannot run on rows of tokens (encoder_rows.py), None if it can."""
+    if cfg.checkpoint_activations:
+        return "--checkpoint-activations wraps its layers"
+    if not all(isinstance(layer, QKEncoderLayer) for layer in encoder.layers):
+        return "its encoder layers are not qknorm_transformer's (fairseq's own, or wrapped)"
+    if encoder.return_fc:
+        return "its layers return their feed-forward outputs (return_fc)"
+    return None
+
+
 # --- encoder and decoder ------------------------------------------------------------------------
 
 class QKEncoder(TransformerEncoderBase):
@@ -223,6 +235,10 @@ class QKEncoder(TransformerEncoderBase):
         _swap_positions(self, cfg, cfg.max_source_positions)
         add_language_embedding(self, cfg)
         _swap_dropouts(self, cfg)
+        self.packed = bool(cfg.packed_encoder)
+        problem = self.packed and encoder_rows_problem(self, cfg)
+        if problem:
+            raise ValueError(f"--packed-encoder cannot run this encoder: {problem}; drop --packed-encoder")
 
     def build_encoder_layer(self, cfg):
         return _wrap(QKEncoderLayer(cfg, return_fc=self.return_fc), cfg)
@@ -393,9 +409,15 @@ class QKTransformerModel(TransformerModel):
         if self.training and self.word_dropout > 0:
             src_tokens, prev_output_tokens = self.drop_words(src_tokens), self.drop_words(prev_output_tokens)
         with shared_fixnorm(self.encoder.embed_tokens, self.decoder.embed_tokens):
-            if self.training and self.decoder.packed and not kwargs:
-                return decoder_rows(self.decoder, prev_output_tokens, self.encoder(src_tokens, src_lengths=src_lengths))
-            return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+            if not self.training or kwargs or not (self.encoder.packed or self.decoder.packed):
+                return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+            if self.encoder.packed:
+                encoder_out = encoder_rows(self.encoder, src_tokens, grid=not self.decoder.packed)
+            else:
+                encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+            if self.decoder.packed:
+                return decoder_rows(self.decoder, prev_output_tokens, encoder_out)
+            return self.decoder(prev_output_tokens, encoder_out=encoder_out, src_lengths=src_lengths)
 
     def get_targets(self, sample, net_output):
         return packed_targets(super().get_targets(sample, net_output), net_output)

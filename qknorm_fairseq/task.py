@@ -190,9 +190,10 @@ class TranslationQKTask(TranslationTask):
             if getattr(getattr(model, "decoder", None), "fused_kernels", False):
                 raise ValueError("--compile compiles each layer whole, --fused-kernels parts of them: "
                                  "drop one of them")
-            if getattr(getattr(model, "decoder", None), "packed", False):
-                raise ValueError("--compile compiles each layer's forward, which --packed-decoder's training "
-                                 "forward does not call: drop one of them")
+            for part in ("encoder", "decoder"):
+                if getattr(getattr(model, part, None), "packed", False):
+                    raise ValueError(f"--compile compiles each layer's forward, which --packed-{part}'s training "
+                                     "forward does not call: drop one of them")
             logger.info(f"--compile: {compile_layers(model)} layers compiled for training")
         return model
 

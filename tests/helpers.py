@@ -158,6 +158,25 @@ def build(data_bin, arch, *extra):
     return task.build_model(args), task
 
 
+# a training batch's forward without dropout: the packed and padded paths compute the same loss
+NO_DROPOUT = ["--task", "translation_qk", "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+              "--word-dropout", "0"]
+
+
+def train_sample(task, n=11):
+    """The first N sentence pairs of TASK's train split as one batch."""
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    return ds.collater([ds[i] for i in range(n)])
+
+
+class Backward:
+    """The optimizer task.train_step calls: the loss's backward only."""
+
+    def backward(self, loss):
+        loss.backward()
+
+
 def batch(task, bsz=3, src_len=7, tgt_len=6, seed=0):
     """(source tokens, lengths, decoder input) of random sentences, one source left-padded."""
     import torch

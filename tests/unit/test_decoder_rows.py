@@ -10,10 +10,8 @@ from qknorm_fairseq import decoder_rows
 from qknorm_fairseq.criterion import MaskedLabelSmoothedCrossEntropyCriterion
 from qknorm_fairseq.decoder_rows import Rows, group_sizes, padded_size
 
-from helpers import build
+from helpers import NO_DROPOUT, Backward, build, train_sample
 
-NO_DROPOUT = ["--task", "translation_qk", "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-              "--word-dropout", "0", "--decoder-layers", "2"]
 # softmax over dot products, QKNorm (p = 2), Lp-QKNorm (p = 4); pre- and post-norm; LayerNorm, ScaleNorm,
 # RMSNorm; FixNorm's tied output layer; HNAS in the encoder; the matmul kernel, output bias and vocabulary mask;
 # the output layer over all types (every preset but the last masks the vocabulary: logits of the allowed types)
@@ -22,17 +20,6 @@ CASES = [("transformer_qknorm",), ("transformer_lpqknorm",), ("transformer_postn
          ("transformer_hnas",),
          ("transformer_qknorm", "--attention-kernel", "matmul", "--output-bias", "--target-vocab-mask"),
          ("transformer_qknorm", "--no-target-vocab-mask")]
-
-
-def _sample(task, n=11):
-    task.load_dataset("train")
-    ds = task.dataset("train")
-    return ds.collater([ds[i] for i in range(n)])
-
-
-class Backward:
-    def backward(self, loss):
-        loss.backward()
 
 
 def _loss_and_grads(model, task, criterion, sample, packed):
@@ -49,7 +36,7 @@ def test_the_packed_decoder_gives_the_padded_decoders_loss_and_gradients(tiny_da
     model.train()
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
                                                          fused_loss=fused)
-    sample = _sample(task)
+    sample = train_sample(task)
     pad = task.tgt_dict.pad()
     assert sample["target"].eq(pad).any(), "the batch must hold padding for the test to mean anything"
     if model.decoder.output_bias is not None:  # zero-initialised: a wrong bias would show in no forward
@@ -71,7 +58,7 @@ def test_the_packed_decoder_gives_the_padded_decoders_loss_and_gradients(tiny_da
 
 def test_the_packed_decoder_computes_one_row_per_target_token_in_training_only(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
-    sample = _sample(task)
+    sample = train_sample(task)
     real = sample["target"].ne(task.tgt_dict.pad())
     model.train()
     logits, extra = model(**sample["net_input"])
@@ -97,7 +84,7 @@ def test_the_packed_decoder_reports_the_padded_decoders_accuracy(tiny_data):
     model.train()
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
                                                          report_accuracy=True)
-    sample = _sample(task)
+    sample = train_sample(task)
     logs = []
     for packed in (False, True):
         model.decoder.packed = packed
@@ -112,7 +99,7 @@ def test_the_packed_decoder_gives_the_padded_decoders_loss_with_the_original_cod
     model.train()
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
                                                          fused_loss=fused, label_smoothing_form="uniform")
-    sample = _sample(task)
+    sample = train_sample(task)
     padded, packed = (_loss_and_grads(model, task, criterion, sample, p)[:2] for p in (False, True))
     assert packed == pytest.approx(padded, rel=1e-5)
 
@@ -121,13 +108,13 @@ def test_another_criterion_gets_every_types_logits(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder",
                         "--criterion", "cross_entropy")
     model.train()
-    logits, extra = model(**_sample(task)["net_input"])
+    logits, extra = model(**train_sample(task)["net_input"])
     assert not model.decoder.allowed_only and logits.size(-1) == len(task.tgt_dict) and "packed_types" not in extra
 
 
 def test_a_loaded_mask_is_checked_against_the_training_targets_and_its_columns_rebuilt(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
-    sample = _sample(task)
+    sample = train_sample(task)
     model.train()
     allowed = model.decoder.allowed_types
     n = int(allowed.sum())
@@ -219,7 +206,7 @@ def test_packed_groups_give_the_loss_and_gradients_of_one_grid(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
     model.train()
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
-    sample = _sample(task)
+    sample = train_sample(task)
     assert model.decoder.packed_groups == 3  # the default
     two, _ = build(tiny_data / "bin", "transformer_qknorm", "--packed-decoder", "--packed-groups", "2")
     assert two.decoder.packed_groups == 2
@@ -249,7 +236,7 @@ def test_padding_rows_change_no_loss_and_no_gradient(tiny_data, monkeypatch):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
     model.train()
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
-    sample = _sample(task)
+    sample = train_sample(task)
     results = {}
     for extra in (0, 7):
         monkeypatch.setattr(decoder_rows, "padded_size", lambda n, _extra=extra: n + _extra)
@@ -275,7 +262,7 @@ def test_what_the_packed_decoder_cannot_run_is_refused(tiny_data):
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,
                                                          ignore_prefix_size=1)
     with pytest.raises(ValueError, match="--packed-decoder returns no .* --ignore-prefix-size"):
-        criterion(model, _sample(task))
+        criterion(model, train_sample(task))
 
 
 def test_the_groups_gradients_are_those_of_the_per_group_ops_written_once():

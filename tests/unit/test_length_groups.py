@@ -5,16 +5,7 @@ import torch
 from qknorm_fairseq.criterion import MaskedLabelSmoothedCrossEntropyCriterion
 from qknorm_fairseq.length_groups import merged_logs, split_by_target_length
 
-from helpers import build
-
-NO_DROPOUT = ["--task", "translation_qk", "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-              "--word-dropout", "0"]
-
-
-def _sample(task, n=11):
-    task.load_dataset("train")
-    ds = task.dataset("train")
-    return ds.collater([ds[i] for i in range(n)])
+from helpers import NO_DROPOUT, build, train_sample
 
 
 def _rows(tokens, pad):
@@ -23,7 +14,7 @@ def _rows(tokens, pad):
 
 def test_groups_hold_every_sentence_once_sorted_by_target_length_and_trimmed(tiny_data):
     _, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT)
-    sample, pad = _sample(task), task.tgt_dict.pad()
+    sample, pad = train_sample(task), task.tgt_dict.pad()
     groups = split_by_target_length(sample, 3, pad)
     assert [g["nsentences"] for g in groups] == [4, 4, 3]
     assert sorted(i for g in groups for i in g["id"].tolist()) == sorted(sample["id"].tolist())
@@ -55,7 +46,7 @@ class Backward:
 def test_a_batch_in_groups_gives_the_whole_batchs_gradient_and_logs(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT)
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
-    sample = _sample(task)
+    sample = train_sample(task)
     results = {}
     for k in (1, 3):
         task.cfg.length_groups = k
