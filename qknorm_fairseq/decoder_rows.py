@@ -17,7 +17,9 @@ twin of one without the flag. On a CPU the rows go on past the tokens to one of 
 most 16 an octave, at most 1/16 more), copies of the last token that the attention cores never read
 and whose logits are cut before the loss: oneDNN compiles a kernel for each matrix-product
 shape, and a batch's token count is new at most batches of epoch 1. They change no loss or gradient
-but for rounding (the weight gradients' sums run over more rows, of zeros).
+but for rounding (the weight gradients' sums run over more rows, of zeros). On a CPU a group's grid is
+written from the rows, and read back, by csrc/grids.c in one pass each, in the layout the attention's
+products read (torch's ops: zeros, index_copy and a transposing copy; the same bits).
 
 With the target vocabulary mask (--target-vocab-mask) and this plugin's criterion the output layer
 computes the logits of the types the decoder may generate only, (N, V'), and get_targets maps the
@@ -32,10 +34,13 @@ host-device sync per forward (the groups are chosen on the host, their indices c
 decoder returns no attention weights (extra["attn"] is [None]): fairseq's decoder computes its last
 layer's cross-attention weights in training too, which no criterion of this plugin reads.
 """
+import ctypes
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .sublayers import feed_forward, residual_sublayers
 
 # fairseq decoder features that the row forward does not implement
@@ -92,25 +97,55 @@ def padded_size(n):
     return -(-n // step) * step
 
 
+_GRID_COPY = ([ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int], None)
+
+
+def _grids_library():
+    """csrc/grids.c: the groups' grids gathered and scattered in one pass each (None: torch's ops)."""
+    return native.kernels("grids", {"qk_rows_to_grid": _GRID_COPY, "qk_grid_to_rows": _GRID_COPY},
+                          "--packed-decoder/--packed-encoder", "the grids are gathered and scattered by torch's ops")
+
+
+def _native(x):
+    """Whether the C copies take X: on a CPU, fp32 or bf16, and no autograd graph to record (the Rows
+    functions' own forwards and backwards)."""
+    return (x.device.type == "cpu" and x.dtype in native.DTYPES and not (torch.is_grad_enabled() and x.requires_grad)
+            and native.is_enabled() and _grids_library() is not None)
+
+
 class Group:
     """Sentences of a batch whose attention cores share one (sentences, length) grid: COUNT sentences
     (SENTENCES their places in the batch; None: the whole batch in its order), rows START..END of the
-    packed rows, LOCAL their positions in the group's flat grid, KEY_PAD its pads (None: none)."""
+    packed rows, sentence by sentence, LENGTHS theirs, LOCAL their positions in the group's flat grid,
+    KEY_PAD its pads (None: none)."""
 
-    def __init__(self, sentences, count, length, start, end, local, key_pad):
+    def __init__(self, sentences, count, length, start, end, lengths, local, key_pad):
         self.sentences, self.count, self.length, self.start, self.end = sentences, count, length, start, end
-        self.local, self.key_pad = local, key_pad
+        self.lengths, self.local, self.key_pad = lengths, local, key_pad
 
     def grid(self, x):
         """the group's rows of X (N, heads, head_dim) -> (count, heads, length, head_dim), zeros at the pads"""
         rows = x[self.start:self.end]
+        if _native(rows):  # one pass, into the layout the attention's products read
+            rows = rows.contiguous()
+            _, h, d = rows.shape
+            out = rows.new_empty(self.count, h, self.length, d)
+            _grids_library().qk_rows_to_grid(rows.element_size(), rows.data_ptr(), self.lengths.ctypes.data, self.count,
+                                             h, d, self.length, out.data_ptr(), native.threads(out.numel()))
+            return out
         full = rows.new_zeros(self.count * self.length, *rows.shape[1:]).index_copy(0, self.local, rows)
         return full.view(self.count, self.length, *rows.shape[1:]).transpose(1, 2)
 
     def take(self, x, out):
-        """(count, heads, length, head_dim) -> the group's rows (N_g, heads * head_dim), into OUT"""
+        """(count, heads, length, head_dim) -> the group's rows into OUT, (N_g, heads * head_dim) or (N_g, heads,
+        head_dim)"""
         b, h, t, d = x.shape
-        return torch.index_select(x.transpose(1, 2).reshape(b * t, h * d), 0, self.local, out=out)
+        if _native(x) and out.is_contiguous():
+            x = x.contiguous()
+            _grids_library().qk_grid_to_rows(x.element_size(), x.data_ptr(), self.lengths.ctypes.data, b, h, d, t,
+                                             out.data_ptr(), native.threads(out.numel()))
+            return out
+        return torch.index_select(x.transpose(1, 2).reshape(b * t, *out.shape[1:]), 0, self.local, out=out)
 
 
 class Rows:
@@ -149,7 +184,8 @@ class Rows:
             pads = np.arange(length)[None, :] >= lengths[first:last, None]
             sentences = None if len(sizes) == 1 else torch.from_numpy(order[first:last]).to(device)
             key_pad = torch.from_numpy(pads).to(device) if pads.any() else None
-            self.groups.append(Group(sentences, size, length, start, end, torch.from_numpy(local).to(device), key_pad))
+            self.groups.append(Group(sentences, size, length, start, end, lengths[first:last].astype(np.int64),
+                                     torch.from_numpy(local).to(device), key_pad))
             first = last
 
     def take(self, x):
@@ -208,8 +244,7 @@ class _Grids(torch.autograd.Function):
         _, h, _, d = grads[0].shape
         dx = grads[0].new_empty(n + rows.pad_rows, h, d)
         for group, grad in zip(rows.groups, grads):
-            b, _, t, _ = grad.shape
-            torch.index_select(grad.transpose(1, 2).reshape(b * t, h, d), 0, group.local, out=dx[group.start:group.end])
+            group.take(grad, dx[group.start:group.end])
         dx[n:].zero_()
         return dx, None
 
@@ -231,11 +266,8 @@ class _FromGrids(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grads = []
-        for group, (b, h, t, d) in zip(ctx.rows.groups, ctx.shapes):
-            full = grad.new_zeros(b * t, h * d).index_copy_(0, group.local, grad[group.start:group.end])
-            grads.append(full.view(b, t, h, d).transpose(1, 2))
-        return (None, *grads)
+        _, h, _, d = ctx.shapes[0]
+        return (None, *(group.grid(grad.reshape(grad.size(0), h, d)) for group in ctx.rows.groups))
 
 
 def layer_rows(layer, x, self_attention, cross_attention, ffn):

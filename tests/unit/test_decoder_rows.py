@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from qknorm_fairseq import decoder_rows
+from qknorm_fairseq import decoder_rows, native
 from qknorm_fairseq.criterion import MaskedLabelSmoothedCrossEntropyCriterion
 from qknorm_fairseq.decoder_rows import Rows, group_sizes, padded_size
 
@@ -298,3 +298,35 @@ def test_the_groups_gradients_are_those_of_the_per_group_ops_written_once():
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-6)
     assert results[1][1][-rows.pad_rows:].eq(0).all() and results[1][0][-rows.pad_rows:].eq(0).all()
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build csrc/grids.c")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_grids_c_copies_give_torchs_bits_forward_and_backward(dtype):
+    """csrc/grids.c's gathers and scatters against the index ops they replace: the same values and
+    gradients bit for bit (plain copies), zeros at the pads, in the layout the products read."""
+    tokens = torch.tensor([[5, 6, 1, 1, 1, 1, 1, 1], [7, 8, 9, 4, 4, 4, 4, 1], [3, 1, 1, 1, 1, 1, 1, 1],
+                           [1, 1, 1, 5, 6, 7, 8, 9], [4] * 8])
+    rows = Rows(tokens, pad=1, max_groups=3)
+    rows.pad_rows = 3
+    assert decoder_rows._grids_library() is not None
+    g = torch.Generator().manual_seed(0)
+    n = len(rows.index) + rows.pad_rows
+    x0, w0 = torch.randn(n, 4, 8, generator=g).to(dtype), torch.randn(4, 8, 8, generator=g).to(dtype)
+
+    def run():
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        grids = rows.grids(x)
+        y = rows.from_grids([grid.matmul(w) for grid in grids])
+        y.backward(torch.arange(y.numel(), dtype=torch.float32).view_as(y).sin().to(dtype))
+        return [grid.detach().contiguous() for grid in grids], y.detach(), x.grad, w.grad
+
+    with native.enabled(False):
+        want = run()
+    got = run()
+    assert all(grid.is_contiguous() for grid in rows.grids(x0))  # the products' layout, no copy before them
+    for a, b in zip([*got[0], *got[1:]], [*want[0], *want[1:]]):
+        assert a.dtype == dtype and torch.equal(a, b)
+    for grid, group in zip(got[0], rows.groups):
+        pads = torch.arange(group.length)[None, :] >= torch.from_numpy(group.lengths)[:, None]
+        assert grid.transpose(1, 2)[pads].eq(0).all()
