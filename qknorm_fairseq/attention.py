@@ -96,6 +96,8 @@ class NormAttention(MultiheadAttention):
             from . import fused_kernels as kernels  # imported only here: it imports torch._dynamo (2 s)
 
             self._compiled_normalize = kernels.lp_normalize
+            for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+                kernels.RowsLinear.swap(projection)
             self._fits_softmax_dropout, self._softmax_dropout = kernels.fits_softmax_dropout, kernels.softmax_dropout
         if fast_dropout:
             from .fast_dropout import swap_dropouts  # imported only here: see model._swap_dropouts

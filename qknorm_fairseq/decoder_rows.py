@@ -345,7 +345,10 @@ def allowed_logits(decoder, x, types):
     bias = getattr(projection, "bias", None)
     if decoder.output_bias is not None:
         bias = decoder.output_bias if bias is None else bias + decoder.output_bias
-    return F.linear(x, weight.index_select(0, types), None if bias is None else bias.index_select(0, types))
+    linear = F.linear
+    if decoder.fused_kernels:
+        from .fused_kernels import linear  # imported only here: it imports torch._dynamo (2 s)
+    return linear(x, weight.index_select(0, types), None if bias is None else bias.index_select(0, types))
 
 
 def packed_extra(net_output):

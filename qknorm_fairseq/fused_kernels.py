@@ -290,6 +290,53 @@ class RowsLayerNorm(torch.nn.LayerNorm):
         return _DropoutAddNorm.apply(y, residual, dropout.p, self.weight, self.bias, self.eps)
 
 
+def _linear_pointwise():
+    """oneDNN's linear with the bias added inside the product (torch's mkldnn op), or None without it."""
+    try:
+        return torch.ops.mkldnn._linear_pointwise.default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class _BiasLinear(torch.autograd.Function):
+    """F.linear of bf16 rows with the bias added by oneDNN's product, where addmm first copies the bias into
+    every row of the output (a pass over it): the same bits (the product's fp32 sum plus the bias, rounded
+    once; the backward is AddmmBackward's products and sum)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        return _linear_pointwise()(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        return (dy.mm(weight) if ctx.needs_input_grad[0] else None, dy.t().mm(x) if ctx.needs_input_grad[1] else None,
+                dy.sum(0) if ctx.needs_input_grad[2] else None)
+
+
+def linear(x, weight, bias=None):
+    """F.linear; on a CPU, bf16 rows (N, in) with a bias, in training: through _BiasLinear."""
+    if (bias is not None and x.dim() == 2 and x.device.type == "cpu" and x.dtype == weight.dtype == bias.dtype
+            == torch.bfloat16 and torch.is_grad_enabled() and native.is_enabled() and _linear_pointwise() is not None):
+        return _BiasLinear.apply(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+class RowsLinear(torch.nn.Linear):
+    """torch's Linear (the same module, parameters and state dict: swap() changes its class only) whose
+    training forward goes through linear()."""
+
+    @classmethod
+    def swap(cls, module):
+        if type(module) is torch.nn.Linear:
+            module.__class__ = cls
+        return module
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias) if self.training else super().forward(x)
+
+
 def softmax_kernel(name, *args):
     """Runs csrc/softmax_dropout.c's NAME (one place for step_profile to time them)."""
     getattr(_softmax_library(), name)(*args)

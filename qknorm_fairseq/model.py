@@ -132,6 +132,14 @@ def _swap_norms(module, names, cfg, learnable=True):
             setattr(module, name, RowsLayerNorm.like(old))
 
 
+def _swap_linears(layer, cfg):
+    if cfg.fused_kernels:
+        from .fused_kernels import RowsLinear  # imported only here, as above
+
+        RowsLinear.swap(layer.fc1)
+        RowsLinear.swap(layer.fc2)
+
+
 def _swap_positions(module, cfg, max_positions):
     if POSITIONS[cfg.positions] is not None and module.embed_positions is not None:
         if cfg.encoder.learned_pos or cfg.decoder.learned_pos:
@@ -167,6 +175,7 @@ class QKEncoderLayer(TransformerEncoderLayerBase):
         super().__init__(cfg, return_fc)
         _swap_norms(self, ("self_attn_layer_norm", "final_layer_norm"), cfg, not cfg.scalenorm_fixed_g)
         _swap_dropouts(self, cfg)
+        _swap_linears(self, cfg)
         init_layer(self, (self.self_attn,), cfg.init_scheme)
 
     def build_self_attention(self, embed_dim, cfg):
@@ -194,6 +203,7 @@ class QKDecoderLayer(TransformerDecoderLayerBase):
         _swap_norms(self, ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"), cfg,
                     not cfg.scalenorm_fixed_g)
         _swap_dropouts(self, cfg)
+        _swap_linears(self, cfg)
         init_layer(self, (self.self_attn, self.encoder_attn), cfg.init_scheme)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):

@@ -516,7 +516,8 @@ def test_train_sh_fast_in_bf16_needs_multi_tensor_adam(monkeypatch, tmp_path):
     monkeypatch.setattr(train.hardware, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr(train.hardware, "cpu_bf16_speedup", lambda env=None: 2.0)
     run = train.plan("gl-en", "qknorm", train.Options(precision="bf16", fast=True))
-    assert run.fairseq_args[-2:] == ["--fused-kernels", "--fused-adam"] and run.where == "CPU (bf16, fast path)"
+    assert run.fairseq_args[-3:] == ["--fused-kernels", "--fused-adam", "--packed-encoder"]
+    assert run.where == "CPU (bf16, fast path)"
     with pytest.raises(train.UsageError, match=r"^--fast with --precision bf16 adds --fused-adam, an option of "
                                                r"--optimizer multi_tensor_adam, not of --optimizer adam: drop "
                                                r"--optimizer adam, or --fast$"):
