@@ -78,7 +78,8 @@ class QKNormConfig(FairseqDataclass):
                                          "a CPU; a few seconds' compiling the first time), on a CPU the l2 "
                                          "normalisation as C loops instead, the attention's mask, softmax and "
                                          "dropout (--fast-dropout's, or none) one C loop, and LayerNorm C loops "
-                                         "(pre-norm: with --fast-dropout's residual dropout before it); the same "
+                                         "(pre-norm: with --fast-dropout's residual dropout before it), and bf16 "
+                                         "linear layers with the bias inside oneDNN's product; the same "
                                          "formulas, another rounding "
                                          "(qknorm_fairseq/fused_kernels.py)"})
     packed_decoder: bool = field(

@@ -48,10 +48,12 @@ OURS = {"fused loss, numpy dropout draws": "qknorm:--fast-dropout --fused-loss",
         "Intel Xeon without AMX": "qknorm:--fast-dropout --fused-loss --attention-kernel matmul",
         "packed decoder in length groups against one grid, 4 repetitions, AMD EPYC with AVX2 only":
             "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder",
-        "LayerNorm C loops and the length groups' one-pass gradients, three epochs, Intel Xeon with AMX":
-            "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder --fused-kernels --fused-adam",
-        "LayerNorm C loops and the length groups' one-pass gradients, the gl-en recipe's size, Intel Xeon with AMX":
-            "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder --fused-kernels --fused-adam",
+        "the packed encoder, the grids copied by C and the bias inside the product, three epochs, Intel Xeon with AMX":
+            "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder --packed-encoder --fused-kernels "
+            "--fused-adam",
+        "the packed encoder, the grids copied by C and the bias inside the product, the gl-en recipe's size, Intel Xeon with AMX":
+            "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder --packed-encoder --fused-kernels "
+            "--fused-adam",
         "eager (before --compile), cuDNN attention off": "qknorm",
         "H200: fused loss and compile against the recipe and stock": "qknorm"}
 
