@@ -32,6 +32,7 @@ layout it meets (a contiguous query and a permuted one), a few seconds each, the
 (Inductor caches them on disk). Validation and decoding stay eager.
 """
 import ctypes
+import functools
 import shutil
 
 import torch
@@ -290,6 +291,7 @@ class RowsLayerNorm(torch.nn.LayerNorm):
         return _DropoutAddNorm.apply(y, residual, dropout.p, self.weight, self.bias, self.eps)
 
 
+@functools.cache
 def _linear_pointwise():
     """oneDNN's linear with the bias added inside the product (torch's mkldnn op), or None without it."""
     try:
@@ -316,7 +318,7 @@ class _BiasLinear(torch.autograd.Function):
 
 
 def linear(x, weight, bias=None):
-    """F.linear; on a CPU, bf16 rows (N, in) with a bias, in training: through _BiasLinear."""
+    """F.linear; on a CPU, bf16 rows (N, in) with a bias, gradients recorded: through _BiasLinear."""
     if (bias is not None and x.dim() == 2 and x.device.type == "cpu" and x.dtype == weight.dtype == bias.dtype
             == torch.bfloat16 and torch.is_grad_enabled() and native.is_enabled() and _linear_pointwise() is not None):
         return _BiasLinear.apply(x, weight, bias)

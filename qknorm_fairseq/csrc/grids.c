@@ -6,21 +6,19 @@
  * Threads: OpenMP over (sentence, head) pairs; no two write the same bytes.
  */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* FIRST[s]: sentence s's first row, from the LENGTHS of COUNT sentences */
-static int64_t *first_rows(const int64_t *lengths, int64_t count) {
-    int64_t *first = malloc((size_t)(count + 1) * sizeof(int64_t));
+static void first_rows(const int64_t *lengths, int64_t count, int64_t *first) {
     first[0] = 0;
     for (int64_t s = 0; s < count; s++)
         first[s + 1] = first[s] + lengths[s];
-    return first;
 }
 
 void qk_rows_to_grid(int64_t size, const char *rows, const int64_t *lengths, int64_t count, int64_t heads, int64_t d,
                      int64_t length, char *grid, int threads) {
-    int64_t *first = first_rows(lengths, count);
+    int64_t first[count + 1];
+    first_rows(lengths, count, first);
     int64_t vec = d * size, row = heads * vec; /* bytes: one head's values, one token's row */
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t sh = 0; sh < count * heads; sh++) {
@@ -31,12 +29,12 @@ void qk_rows_to_grid(int64_t size, const char *rows, const int64_t *lengths, int
             memcpy(out + t * vec, in + t * row, (size_t)vec);
         memset(out + lengths[s] * vec, 0, (size_t)((length - lengths[s]) * vec));
     }
-    free(first);
 }
 
 void qk_grid_to_rows(int64_t size, const char *grid, const int64_t *lengths, int64_t count, int64_t heads, int64_t d,
                      int64_t length, char *rows, int threads) {
-    int64_t *first = first_rows(lengths, count);
+    int64_t first[count + 1];
+    first_rows(lengths, count, first);
     int64_t vec = d * size, row = heads * vec;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t sh = 0; sh < count * heads; sh++) {
@@ -46,5 +44,4 @@ void qk_grid_to_rows(int64_t size, const char *grid, const int64_t *lengths, int
         for (int64_t t = 0; t < lengths[s]; t++)
             memcpy(out + t * row, in + t * vec, (size_t)vec);
     }
-    free(first);
 }
