@@ -33,12 +33,15 @@ layout it meets (a contiguous query and a permuted one), a few seconds each, the
 """
 import ctypes
 import functools
+import logging
 import shutil
 
 import torch
 
 from . import fast_dropout, native
 from .attention import power_floor
+
+logger = logging.getLogger(__name__)
 
 COMPILERS = ("g++", "c++", "clang++")
 
@@ -293,10 +296,17 @@ class RowsLayerNorm(torch.nn.LayerNorm):
 
 @functools.cache
 def _linear_pointwise():
-    """oneDNN's linear with the bias added inside the product (torch's mkldnn op), or None without it."""
+    """oneDNN's linear with the bias added inside the product (torch's mkldnn op), or None where this torch
+    has none or oneDNN no bf16 kernel for it (no bf16 instructions, or ONEDNN_MAX_CPU_ISA below them, as
+    the demo's `cpu.isa: avx2`), where addmm still runs."""
     try:
-        return torch.ops.mkldnn._linear_pointwise.default
+        op = torch.ops.mkldnn._linear_pointwise.default
+        one = torch.ones(1, 1, dtype=torch.bfloat16)
+        op(one, one, one[0], "none", [], "")
+        return op
     except (AttributeError, RuntimeError):
+        logger.warning("--fused-kernels: oneDNN has no bf16 linear with the bias inside the product here; bf16 linear "
+                       "layers run as torch's addmm (the same bits, one more pass; docs/performance.md)")
         return None
 
 

@@ -169,7 +169,8 @@ def test_train_sh_fast_adds_the_configs_fast_path_and_trains(tiny_data, tmp_path
 
     cpu = yaml.safe_load(open(os.path.join(recipes.CONFIG_DIR, "base.yaml")))["cpu"]
     assert cpu["fast"] == {"fast_dropout": True, "fused_loss": True, "attention_kernel": "matmul",
-                           "packed_decoder": True} and cpu["fast_bf16"] == {"fused_kernels": True, "fused_adam": True}
+                           "packed_decoder": True}
+    assert cpu["fast_bf16"] == {"fused_kernels": True, "fused_adam": True, "packed_encoder": True}
     fast = ["--fast-dropout", "--fused-loss", "--attention-kernel", "matmul", "--packed-decoder"]
     p = _train_sh("--dry-run", "--fast", "gl-en", "qknorm", "--max-update", "7", CKPT_DIR=str(tmp_path / "ck"))
     args = shlex.split(p.stdout)
@@ -190,7 +191,8 @@ def test_train_sh_fast_adds_the_configs_fast_path_and_trains(tiny_data, tmp_path
     # the run's command as train.sh records it (one --max-tokens, first; no --cpu)
     command = shlex.split((tmp_path / "ck" / "demo" / "qknorm" / ".command").read_text())
     assert ("--bf16" in command) == bf16
-    assert command[command.index("--fast-dropout"):] == [*fast, *(["--fused-kernels", "--fused-adam"] if bf16 else []), *extra[:-2]]
+    bf16_flags = ["--fused-kernels", "--fused-adam", "--packed-encoder"] if bf16 else []
+    assert command[command.index("--fast-dropout"):] == [*fast, *bf16_flags, *extra[:-2]]
     assert 'num_updates": "3"' in (tmp_path / "logs" / "demo" / "qknorm" / "train.log").read_text()
 
 

@@ -1,5 +1,8 @@
 """--fused-kernels' RowsLinear: the projections' and feed-forward layers' bias added inside oneDNN's product."""
 import copy
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -34,3 +37,16 @@ def test_rows_linear_gives_torchs_bits_and_keeps_the_module():
         rows.eval()
         rows(x0)
     assert called == [1]
+
+
+def test_without_onednns_bf16_kernels_the_linear_layers_run_addmm_with_a_warning():
+    """Under ONEDNN_MAX_CPU_ISA=AVX2 (the demo's `cpu.isa: avx2`) oneDNN has no bf16 linear with a bias:
+    the probe says so once, and RowsLinear trains through F.linear."""
+    code = ("import logging, torch; logging.basicConfig(); from qknorm_fairseq.fused_kernels import RowsLinear, "
+            "_linear_pointwise; assert _linear_pointwise() is None; m = RowsLinear.swap(torch.nn.Linear(8, 4).bfloat16()); "
+            "m(torch.randn(5, 8).bfloat16().requires_grad_()).sum().backward(); print('trained')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert p.returncode == 0 and p.stdout.strip() == "trained", p.stderr[-2000:]
+    assert p.stderr.count("--fused-kernels: oneDNN has no bf16 linear with the bias inside the product here; bf16 "
+                          "linear layers run as torch's addmm (the same bits, one more pass; docs/performance.md)") == 1
