@@ -24,6 +24,8 @@ same parameters): the formula in fp32, rounded once, where torch's bf16 backward
 gradients less exactly. In a pre-norm layer, --fast-dropout's residual dropout and the LayerNorm after it
 are one loop (x = residual + dropout(y), h = LayerNorm(x)): the bits of the two loops, one pass fewer each
 way, and the backward adds x's two gradients itself where autograd would add them in another pass.
+RowsLinear (the projections and feed-forward layers, torch's Linear with its class swapped) gives bf16
+rows oneDNN's linear with the bias inside the product, where addmm copies the bias into the output first.
 
 Dropout stays out of the compiled loops: Inductor's CPU random numbers are slow to draw (torch's dropout
 through torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are

@@ -250,13 +250,8 @@ def test_padding_rows_change_no_loss_and_no_gradient(tiny_data, monkeypatch):
         assert torch.allclose(results[7][2][name], g, rtol=1e-5, atol=1e-7 * scale), name
 
 
-def test_what_the_packed_decoder_cannot_run_is_refused(tiny_data):
-    with pytest.raises(ValueError, match="--packed-decoder cannot run this decoder: --checkpoint-activations wraps "
-                                         "its layers; drop --packed-decoder"):
-        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder", "--checkpoint-activations")
-    with pytest.raises(ValueError, match="--compile compiles each layer's forward, which --packed-decoder's "
-                                         "training forward does not call: drop one of them"):
-        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder", "--compile")
+def test_the_packed_decoder_refuses_a_prefix_it_cannot_ignore(tiny_data):
+    # (--checkpoint-activations and --compile: test_encoder_rows.py, for both packed parts)
     model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder")
     model.train()
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1,

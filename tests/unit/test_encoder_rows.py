@@ -94,10 +94,12 @@ def test_the_packed_encoder_runs_in_training_only(tiny_data, monkeypatch):
     assert rows_calls == [1]
 
 
-def test_what_the_packed_encoder_cannot_run_is_refused(tiny_data):
-    with pytest.raises(ValueError, match="--packed-encoder cannot run this encoder: --checkpoint-activations wraps "
-                                         "its layers; drop --packed-encoder"):
-        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-encoder", "--checkpoint-activations")
-    with pytest.raises(ValueError, match="--compile compiles each layer's forward, which --packed-encoder's "
-                                         "training forward does not call: drop one of them"):
-        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-encoder", "--compile")
+@pytest.mark.parametrize("part", ["encoder", "decoder"])
+def test_what_a_packed_encoder_or_decoder_cannot_run_is_refused(tiny_data, part):
+    flag = f"--packed-{part}"
+    with pytest.raises(ValueError, match=f"{flag} cannot run this {part}: --checkpoint-activations wraps its layers; "
+                                         f"drop {flag}"):
+        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, flag, "--checkpoint-activations")
+    with pytest.raises(ValueError, match=f"--compile compiles each layer's forward, which {flag}'s training forward "
+                                         "does not call: drop one of them"):
+        build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, flag, "--compile")
