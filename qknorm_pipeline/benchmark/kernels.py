@@ -8,7 +8,8 @@ torch.linalg.vector_norm on (tokens, heads, dim / heads), p = 2 also in bf16 (wi
 hand-written backward against autograd's); --fast-dropout's dropout (p = 0.4) on (tokens, 4 dim), its
 C loop against its path through torch's ops and that against torch's dropout, and its ReLU with
 dropout, C loop against torch's ops; and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
-heads, 24, dim / heads), each in fp32 and bf16; --fused-loss's label-smoothed loss against the
+heads, 24, dim / heads), each in fp32 and bf16; --fused-kernels' attention softmax with its dropout
+(bf16 scores (tokens / 24, heads, 24, 24)), C loop against torch's ops; --fused-loss's label-smoothed loss against the
 criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab); --fused-kernels' compiled
 normalisation (bf16, p = 2) and loss against their eager paths, and torch's dropout through
 torch.compile against --fast-dropout's, where a C++ compiler is found (the compiling falls in the
@@ -80,6 +81,11 @@ def run(opts):
                   (f"sdpa attention {tag}", sdpa_attention, None, (sentences, opts.heads, 24, hd), dtype),
                   (f"matmul attention {tag}", matmul_attention, f"sdpa attention {tag}",
                    (sentences, opts.heads, 24, hd), dtype)]
+    if native.compiler() is not None:  # --fused-kernels' attention softmax and its dropout, one C loop each way
+        cases += [("softmax dropout, torch's ops bf16", without_c(lambda x: fast_dropout(torch.softmax(x, -1), 0.4)),
+                   None, (sentences, opts.heads, 24, 24), bf16),
+                  ("softmax dropout bf16", lambda x: fused_kernels.softmax_dropout(x, None, 0.4),
+                   "softmax dropout, torch's ops bf16", (sentences, opts.heads, 24, 24), bf16)]
     target = torch.randint(4, opts.vocab, (opts.tokens,), generator=torch.Generator().manual_seed(0))
     every = torch.ones(opts.vocab, dtype=torch.bool)
     cases += [("log_softmax loss bf16", lambda x: masked_label_smoothed_nll_loss(
@@ -123,7 +129,8 @@ def run(opts):
              f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
              f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}); "
              f"dropout on ({opts.tokens}, {4 * d}); attention on "
-             f"({sentences}, {opts.heads}, 24, {hd}); loss on ({opts.tokens}, {opts.vocab}).", "",
+             f"({sentences}, {opts.heads}, 24, {hd}), its scores ({sentences}, {opts.heads}, 24, 24); "
+             f"loss on ({opts.tokens}, {opts.vocab}).", "",
              "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
     for name, _, ref, *_ in cases:
         row = [name]

@@ -51,9 +51,11 @@ H2D = ("lift_fresh", "lift_fresh_copy")
 # tensors only. Reading those is no sync. Code meant for the device names it (device=x.device).
 HOST = "_qknorm_on_host"
 
-# An update's time by op family: ATen ops by name (self time), the first family that names one.
+# An update's time by op family: ATen ops by name (self time), the first family that names one; a name
+# with its namespace is an op outside ATen (oneDNN's linear, which --fused-kernels' RowsLinear calls on bf16 rows)
 FAMILIES = {
-    "matrix products": ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_addmm_activation"),
+    "matrix products": ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_addmm_activation",
+                        "mkldnn::_linear_pointwise"),
     "fused attention": ("_scaled_dot_product_flash_attention_for_cpu",
                         "_scaled_dot_product_flash_attention_for_cpu_backward"),
     "norms": ("native_layer_norm", "native_layer_norm_backward", "linalg_vector_norm", "norm"),
@@ -154,7 +156,7 @@ def epoch_shapes(trainer):
 
 def time_shares(prof, top=8):
     """The update's CPU time (ms) and the share of it each of its TOP ops took (self time)."""
-    ops = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    ops = [e for e in prof.key_averages() if e.key.startswith(("aten::", "mkldnn::"))]
     total = sum(e.self_cpu_time_total for e in ops)
     ops.sort(key=lambda e: -e.self_cpu_time_total)
     return {"op_ms": round(total / 1e3, 1),
@@ -174,7 +176,7 @@ def regioned(name, fn):
 def op_families(events, wall_ms):
     """{family: ms} of a profiled update (EVENTS: torch.profiler's events) whose wall time was
     WALL_MS; the families add up to it."""
-    by_name = {n: family for family, names in FAMILIES.items() for n in names}
+    by_name = {n if "::" in n else "aten::" + n: family for family, names in FAMILIES.items() for n in names}
     ms = dict.fromkeys([*FAMILIES, ELEMENTWISE, COMPILED, OPTIMIZER], 0.0)
 
     def region(e):
@@ -187,8 +189,8 @@ def op_families(events, wall_ms):
     for e in events:
         if e.name.startswith(REGION) and region(e.cpu_parent) is None:
             ms[REGIONS[e.name[len(REGION):]]] += e.cpu_time_total / 1e3
-        elif e.name.startswith("aten::") and region(e) is None:
-            ms[by_name.get(e.name[len("aten::"):], ELEMENTWISE)] += e.self_cpu_time_total / 1e3
+        elif (e.name.startswith("aten::") or e.name in by_name) and region(e) is None:
+            ms[by_name.get(e.name, ELEMENTWISE)] += e.self_cpu_time_total / 1e3
         elif e.name.startswith(COMPILED_EVENT) and region(e) is None:
             ms[COMPILED] += e.self_cpu_time_total / 1e3
     ms[FRAMEWORK] = wall_ms - sum(ms.values())

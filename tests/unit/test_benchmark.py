@@ -55,6 +55,7 @@ def test_speed_rejects_bad_settings(tmp_path, capsys):
 
 def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys):
     out = tmp_path / "kern"
+    from qknorm_fairseq import native
     from qknorm_fairseq.fused_kernels import has_compiler
     from qknorm_pipeline.benchmark import kernels
 
@@ -71,7 +72,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                      "sdpa attention bf16", "matmul attention bf16", "log_softmax loss bf16", "fused loss bf16",
                      *(["compiled torch dropout bf16", "fused_kernels loss bf16", "fused_kernels lp_normalize p=2 bf16, compiled",
                         "fused_kernels lp_normalize p=2 bf16"]
-                       if compiler else [])}
+                       if compiler else []),
+                     *(["softmax dropout, torch's ops bf16", "softmax dropout bf16"] if native.compiler() else [])}
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
     md = out.with_suffix(".md").read_text()
     assert md in capsys.readouterr().out
@@ -239,6 +241,31 @@ def test_step_profile_splits_an_update_by_op_family_and_counts_regions_whole():
     assert ms["norms"] > 0 and ms["elementwise and copies"] > 0 and ms[FRAMEWORK] >= 20
     assert ms["fused attention"] == ms["softmax and loss"] == 0
     assert sum(ms.values()) == pytest.approx(wall, abs=0.1 * len(ms))
+
+
+def test_step_profile_counts_onednns_linear_as_a_matrix_product():
+    """--fused-kernels' bf16 linear layers call oneDNN's linear (an op outside ATen): its time is the
+    products', not the framework's."""
+    import time
+
+    import torch
+
+    from qknorm_fairseq.fused_kernels import _linear_pointwise
+    from qknorm_pipeline.benchmark.step_profile import FRAMEWORK, op_families, time_shares
+
+    linear = _linear_pointwise()
+    if linear is None:
+        pytest.skip("oneDNN has no bf16 linear on this CPU (or under ONEDNN_MAX_CPU_ISA)")
+    x, w, b = torch.randn(4096, 512).bfloat16(), torch.randn(512, 512).bfloat16(), torch.randn(512).bfloat16()
+    linear(x, w, b, "none", [], "")  # its kernel built outside the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(5):
+            linear(x, w, b, "none", [], "")
+        wall = (time.perf_counter() - start) * 1e3
+    ms = op_families(prof.events(), wall)
+    assert ms["matrix products"] > 0.5 * wall and ms[FRAMEWORK] < 0.5 * wall
+    assert "mkldnn::_linear_pointwise" in time_shares(prof)["top_ops"]
 
 
 def test_the_profile_counts_the_update_asked_for_without_logging_it(monkeypatch, tmp_path):
