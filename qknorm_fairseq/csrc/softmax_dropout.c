@@ -121,8 +121,8 @@ void qk_softmax_dropout_backward(int dtype, const void *grad, const void *y, con
         _Pragma("omp for schedule(static)")
         for (int64_t row = 0; row < rows; row++) {
             int64_t o = row * s;
-            /* the mask's value as a product, not a choice: compiled as a branch on a random byte, it
-             * mispredicts at every other unit and took twice the time of the whole loop */
+            /* the mask's value as a product, not a choice: compiled as a branch on a random byte it
+             * mispredicts on every other unit, and the loop took twice as long */
             for (int64_t j = 0; j < s; j++)
                 g[j] = load(grad, DT, o + j) * (kept ? (float)kept[o + j] * scale : 1.0f);
             float dot = LANE_SUM(s, load(y, DT, o + j) * g[j]);
