@@ -19,7 +19,7 @@ backward (csrc/softmax_dropout.c) where the dropout is --fast-dropout's (the sam
 units) or none: the softmax in fp32 with its own exponential, other rounding than torch's softmax.
 
 On a CPU as well, LayerNorm (fp32 or bf16 rows, the weight and bias of their dtype) is one C loop forward
-and one backward (csrc/layer_norm.c; RowsLayerNorm, which the model puts in torch's LayerNorm's place, the
+and one backward (csrc/layer_norm.c; RowsLayerNorm, torch's LayerNorm with its class swapped, the
 same parameters): the formula in fp32, rounded once, where torch's bf16 backward sums the weight's and bias's
 gradients less exactly. In a pre-norm layer, --fast-dropout's residual dropout and the LayerNorm after it
 are one loop (x = residual + dropout(y), h = LayerNorm(x)): the bits of the two loops, one pass fewer each
@@ -272,14 +272,18 @@ def layer_norm(x, weight, bias, eps):
     return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
-class RowsLayerNorm(torch.nn.LayerNorm):
-    """torch's LayerNorm (the same parameters and state dict) that trains through layer_norm's C loops."""
+def _swap(cls, module):
+    """MODULE, if exactly of CLS's torch base class, made a CLS by changing its class only (the same module,
+    parameters and state dict); any other module as it is."""
+    if type(module) is cls.__bases__[0]:
+        module.__class__ = cls
+    return module
 
-    @classmethod
-    def like(cls, norm):
-        new = cls(norm.normalized_shape, eps=norm.eps, elementwise_affine=norm.elementwise_affine)
-        new.load_state_dict(norm.state_dict())
-        return new
+
+class RowsLayerNorm(torch.nn.LayerNorm):
+    """torch's LayerNorm (swap() makes one of it) that trains through layer_norm's C loops."""
+
+    swap = classmethod(_swap)
 
     def forward(self, x):
         if self.training and len(self.normalized_shape) == 1:
@@ -338,14 +342,9 @@ def linear(x, weight, bias=None):
 
 
 class RowsLinear(torch.nn.Linear):
-    """torch's Linear (the same module, parameters and state dict: swap() changes its class only) whose
-    training forward goes through linear()."""
+    """torch's Linear (swap() makes one of it) whose training forward goes through linear()."""
 
-    @classmethod
-    def swap(cls, module):
-        if type(module) is torch.nn.Linear:
-            module.__class__ = cls
-        return module
+    swap = classmethod(_swap)
 
     def forward(self, x):
         return linear(x, self.weight, self.bias) if self.training else super().forward(x)

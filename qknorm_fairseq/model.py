@@ -126,10 +126,10 @@ def _swap_norms(module, names, cfg, learnable=True):
         old = getattr(module, name, None)
         if old is not None and NORMS[cfg.norm_type] is not None:
             setattr(module, name, NORMS[cfg.norm_type](old.normalized_shape[0], learnable))
-        elif isinstance(old, nn.LayerNorm) and getattr(cfg, "fused_kernels", False):
+        elif old is not None and getattr(cfg, "fused_kernels", False):
             from .fused_kernels import RowsLayerNorm  # imported only here: it imports torch._dynamo (2 s)
 
-            setattr(module, name, RowsLayerNorm.like(old))
+            RowsLayerNorm.swap(old)
 
 
 def _swap_linears(layer, cfg):

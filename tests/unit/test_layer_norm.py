@@ -1,5 +1,7 @@
 """--fused-kernels' LayerNorm on a CPU (csrc/layer_norm.c): alone against an fp64 computation, and with
 --fast-dropout's residual dropout in the same pass against the unfused C loops, bit for bit."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,7 +68,8 @@ def test_rows_layer_norm_keeps_the_state_dict_and_evaluates_as_torchs():
     with torch.no_grad():
         old.weight.uniform_(0.5, 1.5)
         old.bias.uniform_(-0.1, 0.1)
-    new = RowsLayerNorm.like(old)
+    new = RowsLayerNorm.swap(copy.deepcopy(old))
+    assert type(new) is RowsLayerNorm and RowsLayerNorm.swap(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear
     assert new.state_dict().keys() == old.state_dict().keys()
     assert all(torch.equal(new.state_dict()[k], old.state_dict()[k]) for k in old.state_dict())
     x = torch.randn(8, 16)
@@ -134,7 +137,7 @@ def test_pre_norm_sublayers_fuse_the_residual_dropout_into_the_next_norm():
     plain = Layer(torch.nn.LayerNorm, FastDropout(0.2))
     fused = Layer(torch.nn.LayerNorm, FastDropout(0.2))
     fused.load_state_dict(plain.state_dict())
-    fused.norm1, fused.norm2 = RowsLayerNorm.like(plain.norm1), RowsLayerNorm.like(plain.norm2)
+    RowsLayerNorm.swap(fused.norm1), RowsLayerNorm.swap(fused.norm2)
     x = torch.randn(64, 32)
     out = []
     for layer in (plain, fused):
