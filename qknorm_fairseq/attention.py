@@ -95,7 +95,7 @@ class NormAttention(MultiheadAttention):
         if fused_kernels:
             from . import fused_kernels as kernels  # imported only here: it imports torch._dynamo (2 s)
 
-            self._compiled_normalize = kernels.lp_normalize
+            self._compiled_normalize, self._l2_grids = kernels.lp_normalize, kernels.l2_grids
             for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
                 kernels.RowsLinear.swap(projection)
             self._fits_softmax_dropout, self._softmax_dropout = kernels.fits_softmax_dropout, kernels.softmax_dropout
@@ -183,18 +183,17 @@ class NormAttention(MultiheadAttention):
         def heads(y):
             return y.view(-1, self.num_heads, self.head_dim)
 
-        q = self._qknorm(heads(self.q_proj(x)))
+        qs, scaled = self._qknorm_grids(heads(self.q_proj(x)), rows, with_g=self.weights == "softmax")
         if self.self_attention:
-            k, v = self._qknorm(heads(self.k_proj(x))), heads(self.v_proj(x))
+            ks, _ = self._qknorm_grids(heads(self.k_proj(x)), rows)
+            vs = rows.grids(heads(self.v_proj(x)))
         elif key_rows is not None:
-            (k,), (v,) = key_rows.grids(self._qknorm(heads(self.k_proj(key)))), key_rows.grids(heads(self.v_proj(key)))
+            ((k,), _), (v,) = self._qknorm_grids(heads(self.k_proj(key)), key_rows), key_rows.grids(heads(self.v_proj(key)))
             ks, vs = rows.split(k), rows.split(v)
         else:
             k, v, _ = self.source_keys(key, key, None, rows.bsz)
             ks, vs = rows.split(k), rows.split(v)
-        qs, outs = rows.grids(q), []
-        if self.self_attention:
-            ks, vs = rows.grids(k), rows.grids(v)
+        outs = []
         for i, group in enumerate(rows.groups):
             if self.self_attention:
                 pad, mask = group.key_pad, None if attn_mask is None else attn_mask[:group.length, :group.length]
@@ -202,7 +201,7 @@ class NormAttention(MultiheadAttention):
                 pad, mask = key_padding_masks[i], None
                 pad = None if pad is None else pad.bool()
             if self.weights == "softmax":
-                outs.append(self._fused(qs[i], ks[i], vs[i], pad, mask))
+                outs.append(self._fused(qs[i], ks[i], vs[i], pad, mask, scaled=scaled))
             else:  # DNAS/HNAS, in encoder self-attention only (check_args)
                 outs.append(self._explicit(qs[i], ks[i], vs[i], pad, mask)[0])
         return self.out_proj(rows.from_grids(outs))
@@ -225,6 +224,15 @@ class NormAttention(MultiheadAttention):
         if self.fused_kernels and self.training:
             return self._compiled_normalize(x, self.p, EPS)
         return lp_normalize(x, self.p)
+
+    def _qknorm_grids(self, x, rows, with_g=False):
+        """ROWS' groups' grids of X (N, heads, head_dim) QKNorm-normalised (_qknorm), and whether QKNorm's g is
+        applied too (WITH_G: where the C loops normalise them straight into the grids, g with them)."""
+        if self.scores == "qknorm" and self.fused_kernels and self.training and self.p == 2:
+            grids = self._l2_grids(x, rows, EPS, self.qk_scale if with_g else None)
+            if grids is not None:
+                return list(grids), with_g
+        return rows.grids(self._qknorm(x)), False
 
     def source_keys(self, key, value, key_padding_mask, bsz):
         """Encoder-decoder attention's keys, values and key padding mask for a batch of bsz queries. In
@@ -265,9 +273,10 @@ class NormAttention(MultiheadAttention):
         out = out.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
         return self.out_proj(out.reshape(tgt_len, bsz, self.embed_dim)), weights
 
-    def _fused(self, q, k, v, key_padding_mask, attn_mask):
+    def _fused(self, q, k, v, key_padding_mask, attn_mask, scaled=False):
         """Softmax attention in the weights' precision: through scaled_dot_product_attention (fused
-        kernels where available) or, with --attention-kernel matmul, as matmul, softmax, matmul."""
+        kernels where available) or, with --attention-kernel matmul, as matmul, softmax, matmul. SCALED:
+        QKNorm's g is in q already."""
         dropout_p = self.dropout_module.p if self.training else 0.0
         # scaled_dot_product_attention draws its own dropout mask (bernoulli_): --fast-dropout's mask
         # needs the steps spelt out
@@ -277,7 +286,7 @@ class NormAttention(MultiheadAttention):
             # (len, bsz, embed) projection) inside each product, forward and backward, more slowly
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if self.scores == "qknorm":
-            q, scale = q * self.qk_scale.to(q.dtype), 1.0  # fold g into q
+            q, scale = q if scaled else q * self.qk_scale.to(q.dtype), 1.0  # fold g into q
         else:
             scale = self.scaling
         if explicit:

@@ -126,6 +126,10 @@ def _library():
     return native.kernels("l2_normalize", {
         "qk_l2_forward": ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int], None),
         "qk_l2_backward": ([ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_int], None),
+        "qk_l2_to_grid": ([ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+                          + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int], None),
+        "qk_l2_from_grid": ([ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
+                            + [ctypes.c_int], None),
     }, "--fused-kernels", "QKNorm's l2 normalisation runs as Inductor's compiled loops instead")
 
 
@@ -167,6 +171,60 @@ class _L2Rows(torch.autograd.Function):
         kernel("qk_l2_backward", native.DTYPES[x.dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), r.numel(),
                x.size(-1), native.threads(x.numel()))
         return dx, None
+
+
+class _L2Grids(torch.autograd.Function):
+    """X (rows, heads, head_dim) l2-normalised straight into each of ROWS' groups' grids, times G where given."""
+
+    @staticmethod
+    def forward(ctx, x, g, rows, floor):
+        heads, d = x.shape[1:]
+        # g rounded to x's dtype, as the unfused product rounds it; passed by address: no read on the host
+        gain = None if g is None else g.detach().to(x.dtype).float()
+        r = torch.empty(x.shape[0] * heads, dtype=torch.float32)
+        grids = []
+        for group in rows.groups:
+            grid = x.new_empty(group.count, heads, group.length, d)
+            kernel("qk_l2_to_grid", native.DTYPES[x.dtype], x[group.start].data_ptr(), grid.data_ptr(),
+                   r[group.start * heads].data_ptr(), group.lengths.ctypes.data, group.count, heads, d, group.length,
+                   floor, None if gain is None else gain.data_ptr(), native.threads(grid.numel()))
+            grids.append(grid)
+        ctx.save_for_backward(x, r, gain)
+        ctx.rows, ctx.g_like = rows, None if g is None else (g.dtype, g.shape)
+        return tuple(grids)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, r, gain = ctx.saved_tensors
+        rows = ctx.rows
+        heads, d = x.shape[1:]
+        dx = torch.empty_like(x)
+        dx[rows.groups[-1].end:].zero_()  # the padding rows, which no grid reads
+        # g's gradient from each (sentence, head) of every group
+        dg = None if gain is None else torch.empty(sum(group.count for group in rows.groups) * heads)
+        first = 0
+        for group, grad in zip(rows.groups, grads):
+            grad = grad.contiguous()
+            kernel("qk_l2_from_grid", native.DTYPES[x.dtype], x[group.start].data_ptr(), grad.data_ptr(),
+                   r[group.start * heads].data_ptr(), dx[group.start].data_ptr(), group.lengths.ctypes.data, group.count,
+                   heads, d, group.length, None if gain is None else gain.data_ptr(),
+                   None if dg is None else dg[first].data_ptr(), native.threads(grad.numel()))
+            first += group.count * heads
+        if dg is not None:
+            dtype, shape = ctx.g_like
+            dg = dg.sum().to(dtype).view(shape)
+        return dx, dg, None, None
+
+
+def l2_grids(x, rows, eps, g=None):
+    """QKNorm's l2 normalisation of rows X (N, heads, head_dim) into each of ROWS' groups' grids
+    (decoder_rows.Rows.grids), times QKNorm's G where given, by the C loops: the same values and x's
+    gradient bit for bit as lp_normalize, Rows.grids and the product with g (g's gradient summed in fp32);
+    None where the C loops do not take X."""
+    if not (x.device.type == "cpu" and x.dtype in native.DTYPES and x.is_contiguous() and x.numel()
+            and native.is_enabled() and _library() is not None):
+        return None
+    return _L2Grids.apply(x, g, rows, power_floor(eps, 2))
 
 
 def _softmax_library():

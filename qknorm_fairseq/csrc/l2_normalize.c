@@ -6,7 +6,13 @@
  * the floor applied (there r is a constant).
  * Backward: dx = r dy - r^3 (dy . x) x, or r dy where the floor applied.
  *
- * Threads: OpenMP over rows; a row's sums run in fixed order, so the bits do not depend on them.
+ * To a grid: a length group's rows normalised straight into the group's grid (decoder_rows.py's
+ * grids), the l2 loop and grids.c's copy as one pass each way; with a GAIN, each value then times
+ * QKNorm's g, rounded as the unfused ops round (the normalised value, then its product), and the
+ * backward gives g's gradient per (sentence, head), summed in fp32 (torch's ops sum rounded products).
+ *
+ * Threads: OpenMP over rows, or over (sentence, head) pairs; a row's sums run in fixed order, so the
+ * bits do not depend on them.
  */
 #include <math.h>
 
@@ -41,4 +47,79 @@ void qk_l2_backward(int dtype, const void *x, const void *dy, const float *r, vo
             for (int64_t j = 0; j < d; j++)
                 store(dx, DT, o + j, ri * load(dy, DT, o + j) - c * load(x, DT, o + j));
         })
+}
+
+/* FIRST[s]: sentence s's first row, from the LENGTHS of COUNT sentences; returns g (*GAIN, else 1) */
+static float group_rows(const int64_t *lengths, int64_t count, int64_t *first, const float *gain) {
+    first[0] = 0;
+    for (int64_t s = 0; s < count; s++)
+        first[s + 1] = first[s] + lengths[s];
+    return gain ? *gain : 1.0f;
+}
+
+/* The statements for each (sentence S, head H) of a group, SH their pair's index, on THREADS threads; FIRST
+ * the sentences' first rows, SCALED whether there is a GAIN, G its value. */
+#define FOR_SENTENCE_HEADS(...)                                                                 \
+    int64_t first[count + 1];                                                                   \
+    float g = group_rows(lengths, count, first, gain);                                          \
+    int scaled = gain != NULL;                                                                  \
+    BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)")                  \
+             for (int64_t sh = 0; sh < count * heads; sh++) {                                    \
+                 int64_t s = sh / heads, h = sh % heads;                                         \
+                 __VA_ARGS__                                                                     \
+             })
+
+/* X (tokens, HEADS, D): a group's rows, sentence by sentence, LENGTHS of COUNT; GRID (COUNT, HEADS, LENGTH, D)
+ * their normalised values (times *GAIN, g as an fp32, unless GAIN is NULL), zeros at the pads; R (tokens,
+ * HEADS) as qk_l2_forward's. */
+void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t *lengths, int64_t count, int64_t heads,
+                   int64_t d, int64_t length, float floor_, const float *gain, int threads) {
+    FOR_SENTENCE_HEADS(
+        for (int64_t t = 0; t < lengths[s]; t++) {
+            int64_t row = (first[s] + t) * heads + h, o = row * d, go = (sh * length + t) * d;
+            float sq = LANE_SUM(d, load(x, DT, o + j) * load(x, DT, o + j));
+            float ri = 1.0f / sqrtf(sq < floor_ ? floor_ : sq);
+            for (int64_t j = 0; j < d; j++) {
+                float v = round_to(DT, load(x, DT, o + j) * ri);
+                store(grid, DT, go + j, scaled ? v * g : v);
+            }
+            r[row] = sq < floor_ ? -ri : ri;
+        }
+        for (int64_t j = lengths[s] * d; j < length * d; j++)
+            store(grid, DT, sh * length * d + j, 0.0f);
+    )
+}
+
+/* The gradient of qk_l2_to_grid's X from its grid's, DGRID, into DX (tokens, HEADS, D); with GAIN, DG
+ * (COUNT, HEADS) g's gradient from each sentence's head. */
+void qk_l2_from_grid(int dtype, const void *x, const void *dgrid, const float *r, void *dx, const int64_t *lengths,
+                     int64_t count, int64_t heads, int64_t d, int64_t length, const float *gain, float *dg, int threads) {
+    FOR_SENTENCE_HEADS(
+        float dy[d], dgs = 0.0f;
+        for (int64_t t = 0; t < lengths[s]; t++) {
+            int64_t row = (first[s] + t) * heads + h, o = row * d, go = (sh * length + t) * d;
+            float ri = r[row];
+            if (scaled) {
+                float rn = ri < 0.0f ? -ri : ri;
+                for (int64_t j = 0; j < d; j++) {
+                    float dz = load(dgrid, DT, go + j);
+                    dgs += dz * round_to(DT, load(x, DT, o + j) * rn);
+                    dy[j] = round_to(DT, dz * g);
+                }
+            } else {
+                for (int64_t j = 0; j < d; j++)
+                    dy[j] = load(dgrid, DT, go + j);
+            }
+            if (ri < 0.0f) {
+                for (int64_t j = 0; j < d; j++)
+                    store(dx, DT, o + j, -ri * dy[j]);
+                continue;
+            }
+            float c = LANE_SUM(d, dy[j] * load(x, DT, o + j)) * (ri * ri * ri);
+            for (int64_t j = 0; j < d; j++)
+                store(dx, DT, o + j, ri * dy[j] - c * load(x, DT, o + j));
+        }
+        if (scaled)
+            dg[sh] = dgs;
+    )
 }

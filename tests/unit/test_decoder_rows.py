@@ -325,3 +325,46 @@ def test_the_grids_c_copies_give_torchs_bits_forward_and_backward(dtype):
     for grid, group in zip(got[0], rows.groups):
         pads = torch.arange(group.length)[None, :] >= torch.from_numpy(group.lengths)[:, None]
         assert grid.transpose(1, 2)[pads].eq(0).all()
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build csrc/l2_normalize.c")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qknorms_l2_loop_into_the_grids_gives_the_unfused_bits(dtype):
+    """QKNorm's queries normalised straight into the grids, times g (fused_kernels.l2_grids), against the
+    l2 loop, the grids' copies and the product with g they replace: the same grids and x's gradient bit for
+    bit (a floored row among them), the padding rows' gradient zero; g's gradient, which the C loop sums in
+    fp32 where torch's ops sum rounded products, to a bf16's precision."""
+    from qknorm_fairseq import fused_kernels
+    from qknorm_fairseq.attention import EPS
+
+    tokens = torch.tensor([[5, 6, 1, 1, 1, 1, 1, 1], [7, 8, 9, 4, 4, 4, 4, 1], [3, 1, 1, 1, 1, 1, 1, 1],
+                           [1, 1, 1, 5, 6, 7, 8, 9], [4] * 8])
+    rows = Rows(tokens, pad=1, max_groups=3)
+    rows.pad_rows = 3
+    gen = torch.Generator().manual_seed(0)
+    n = len(rows.index) + rows.pad_rows
+    x0, w0 = torch.randn(n, 4, 8, generator=gen).to(dtype), torch.randn(4, 8, 8, generator=gen).to(dtype)
+    x0[2, 1] = 0  # a row whose norm is floored
+    g0 = torch.tensor(2.5, dtype=dtype)
+
+    def run(fused, with_g):
+        x, w, g = x0.clone().requires_grad_(), w0.clone().requires_grad_(), g0.clone().requires_grad_()
+        if fused:
+            grids = fused_kernels.l2_grids(x, rows, EPS, g if with_g else None)
+        else:
+            grids = rows.grids(fused_kernels.lp_normalize(x, 2.0, EPS))
+            grids = [grid * g for grid in grids] if with_g else grids
+        y = rows.from_grids([grid.matmul(w) for grid in grids])
+        y.backward(torch.arange(y.numel(), dtype=torch.float32).view_as(y).sin().to(dtype))
+        return [grid.detach() for grid in grids], x.grad, w.grad, g.grad
+
+    for with_g in (True, False):
+        got, want = run(True, with_g), run(False, with_g)
+        assert len(got[0]) == len(rows.groups) == 3
+        for a, b in zip([*got[0], got[1], got[2]], [*want[0], want[1], want[2]]):
+            assert a.dtype == dtype and torch.equal(a, b)
+        assert got[1][-rows.pad_rows:].eq(0).all()
+        if with_g:
+            assert got[3].dtype == dtype and float(got[3]) == pytest.approx(float(want[3]), rel=2 ** -7)
+        else:
+            assert got[3] is None and want[3] is None
