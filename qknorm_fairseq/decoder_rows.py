@@ -19,7 +19,9 @@ and whose logits are cut before the loss: oneDNN compiles a kernel for each matr
 shape, and a batch's token count is new at most batches of epoch 1. They change no loss or gradient
 but for rounding (the weight gradients' sums run over more rows, of zeros). On a CPU a group's grid is
 written from the rows, and read back, by csrc/grids.c in one pass each, in the layout the attention's
-products read (torch's ops: zeros, index_copy and a transposing copy; the same bits).
+products read (torch's ops: zeros, index_copy and a transposing copy; the same bits); under
+--fused-kernels QKNorm's queries and keys are normalised straight into their grids instead
+(fused_kernels.l2_grids).
 
 With the target vocabulary mask (--target-vocab-mask) and this plugin's criterion the output layer
 computes the logits of the types the decoder may generate only, (N, V'), and get_targets maps the

@@ -1,7 +1,7 @@
 /* What the kernels share: their two dtypes, fp32 and bf16, read into and written from fp32
  * arithmetic (bf16 <-> fp32 as torch converts them: widening is exact; narrowing rounds to the
  * nearest even bf16, a NaN becoming 0x7fc0, c10::BFloat16's round_to_nearest_even), a sum in lanes,
- * and OpenMP's thread queries. */
+ * the packed rows' sentence offsets, and OpenMP's thread queries. */
 #ifndef QK_COMMON_H
 #define QK_COMMON_H
 #include <stdint.h>
@@ -76,6 +76,13 @@ static inline float addmul(int dtype, float r, float x, float m) {
             s_ += lanes_[k_];                                \
         s_;                                                  \
     })
+
+/* FIRST[s]: sentence s's first row, from the LENGTHS of COUNT sentences */
+static inline void first_rows(const int64_t *lengths, int64_t count, int64_t *first) {
+    first[0] = 0;
+    for (int64_t s = 0; s < count; s++)
+        first[s + 1] = first[s] + lengths[s];
+}
 
 int omp_get_num_threads(void);
 int omp_get_thread_num(void);

@@ -5,15 +5,7 @@
  *
  * Threads: OpenMP over (sentence, head) pairs; no two write the same bytes.
  */
-#include <stdint.h>
-#include <string.h>
-
-/* FIRST[s]: sentence s's first row, from the LENGTHS of COUNT sentences */
-static void first_rows(const int64_t *lengths, int64_t count, int64_t *first) {
-    first[0] = 0;
-    for (int64_t s = 0; s < count; s++)
-        first[s + 1] = first[s] + lengths[s];
-}
+#include "common.h"
 
 void qk_rows_to_grid(int64_t size, const char *rows, const int64_t *lengths, int64_t count, int64_t heads, int64_t d,
                      int64_t length, char *grid, int threads) {

@@ -49,20 +49,13 @@ void qk_l2_backward(int dtype, const void *x, const void *dy, const float *r, vo
         })
 }
 
-/* FIRST[s]: sentence s's first row, from the LENGTHS of COUNT sentences; returns g (*GAIN, else 1) */
-static float group_rows(const int64_t *lengths, int64_t count, int64_t *first, const float *gain) {
-    first[0] = 0;
-    for (int64_t s = 0; s < count; s++)
-        first[s + 1] = first[s] + lengths[s];
-    return gain ? *gain : 1.0f;
-}
-
 /* The statements for each (sentence S, head H) of a group, SH their pair's index, on THREADS threads; FIRST
  * the sentences' first rows, SCALED whether there is a GAIN, G its value. */
 #define FOR_SENTENCE_HEADS(...)                                                                 \
     int64_t first[count + 1];                                                                   \
-    float g = group_rows(lengths, count, first, gain);                                          \
+    first_rows(lengths, count, first);                                                          \
     int scaled = gain != NULL;                                                                  \
+    float g = scaled ? *gain : 1.0f;                                                            \
     BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)")                  \
              for (int64_t sh = 0; sh < count * heads; sh++) {                                    \
                  int64_t s = sh / heads, h = sh % heads;                                         \
