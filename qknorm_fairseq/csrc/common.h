@@ -56,26 +56,65 @@ static inline float addmul(int dtype, float r, float x, float m) {
 
 #define LANES 16 /* fp32 partial sums: a vector's width */
 
-/* The sum of TERM (an expression of j) for j < LEN, through LANES fp32 partial sums added in lane
- * order: vectorised, and in a fixed order (the same bits on every call). */
-#define LANE_SUM(LEN, TERM)                                  \
-    ({                                                       \
-        float lanes_[LANES] = {0};                           \
+/* LANES_ (a float[LANES], zeros) += TERM (an expression of j) for j < LEN, j's term into lane j mod LANES, a
+ * tail past the last multiple of LANES into lane 0. */
+#define ADD_TO_LANES(LANES_, LEN, TERM)                      \
+    do {                                                     \
         int64_t i_ = 0;                                      \
         for (; i_ + LANES <= (LEN); i_ += LANES)             \
             for (int k_ = 0; k_ < LANES; k_++) {             \
                 int64_t j = i_ + k_;                         \
-                lanes_[k_] += TERM;                          \
+                (LANES_)[k_] += TERM;                        \
             }                                                \
         for (; i_ < (LEN); i_++) {                           \
             int64_t j = i_;                                  \
-            lanes_[0] += TERM;                               \
+            (LANES_)[0] += TERM;                             \
         }                                                    \
+    } while (0)
+
+/* The sum of TERM for j < LEN, through LANES fp32 partial sums (ADD_TO_LANES) added in lane order:
+ * vectorised, and in a fixed order (the same bits on every call). */
+#define LANE_SUM(LEN, TERM)                                  \
+    ({                                                       \
+        float lanes_[LANES] = {0};                           \
+        ADD_TO_LANES(lanes_, LEN, TERM);                     \
         float s_ = 0.0f;                                     \
         for (int k_ = 0; k_ < LANES; k_++)                   \
             s_ += lanes_[k_];                                \
         s_;                                                  \
     })
+
+#define ROWS 16 /* rows whose sums end side by side (ROWS_LANE_SUM) */
+
+/* SUMS[q] = LANE_SUM(LEN, TERM) for each row q < NR <= ROWS (TERM an expression of q and j): the same bits,
+ * but the rows' last steps, each row's LANES partial sums added in lane order, run in vectors across the
+ * rows, where a row at a time waits on LANES dependent additions (short rows: a head's d values, a
+ * query's keys). SUMS[q] for q >= NR is 0. */
+#define ROWS_LANE_SUM(NR, LEN, TERM, SUMS)                   \
+    do {                                                     \
+        float rows_[LANES][ROWS] = {{0}};                    \
+        for (int64_t q = 0; q < (NR); q++) {                 \
+            float lanes_[LANES] = {0};                       \
+            ADD_TO_LANES(lanes_, LEN, TERM);                 \
+            for (int k_ = 0; k_ < LANES; k_++)               \
+                rows_[k_][q] = lanes_[k_];                   \
+        }                                                    \
+        for (int q_ = 0; q_ < ROWS; q_++)                    \
+            (SUMS)[q_] = 0.0f;                               \
+        for (int k_ = 0; k_ < LANES; k_++)                   \
+            for (int q_ = 0; q_ < ROWS; q_++)                \
+                (SUMS)[q_] += rows_[k_][q_];                 \
+    } while (0)
+
+/* The statements for each block of at most ROWS of N rows, R0 its first row and NR its count, compiled
+ * for each dtype (BY_DTYPE), on THREADS threads (a variable of the caller). */
+#define FOR_ROW_BLOCKS(N, ...)                                                          \
+    int64_t blocks_ = ((N) + ROWS - 1) / ROWS;                                          \
+    BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)")          \
+             for (int64_t b_ = 0; b_ < blocks_; b_++) {                                 \
+                 int64_t r0 = b_ * ROWS, nr = (N) - r0 < ROWS ? (N) - r0 : ROWS;         \
+                 __VA_ARGS__                                                            \
+             })
 
 /* FIRST[s]: sentence s's first row, from the LENGTHS of COUNT sentences */
 static inline void first_rows(const int64_t *lengths, int64_t count, int64_t *first) {

@@ -9,41 +9,42 @@
  * To a grid: a length group's rows normalised straight into the group's grid (decoder_rows.py's
  * grids), the l2 loop and grids.c's copy as one pass each way; with a GAIN, each value then times
  * QKNorm's g, rounded as the unfused ops round (the normalised value, then its product), and the
- * backward gives g's gradient per (sentence, head), summed in fp32 (torch's ops sum rounded products).
+ * backward gives g's gradient per (sentence, head), in LANES fp32 partial sums (torch's ops sum rounded products).
  *
- * Threads: OpenMP over rows, or over (sentence, head) pairs; a row's sums run in fixed order, so the
- * bits do not depend on them.
+ * Threads: OpenMP over blocks of ROWS rows, or over (sentence, head) pairs; a row's sums run in fixed
+ * order (common.h's ROWS_LANE_SUM), so the bits do not depend on them.
  */
 #include <math.h>
 
 #include "common.h"
 
 void qk_l2_forward(int dtype, const void *x, void *y, float *r, int64_t rows, int64_t d, float floor_, int threads) {
-    BY_DTYPE(
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")
-        for (int64_t row = 0; row < rows; row++) {
-            int64_t o = row * d;
-            float s = LANE_SUM(d, load(x, DT, o + j) * load(x, DT, o + j));
-            float ri = 1.0f / sqrtf(s < floor_ ? floor_ : s);
+    FOR_ROW_BLOCKS(rows,
+        float sq[ROWS];
+        ROWS_LANE_SUM(nr, d, load(x, DT, (r0 + q) * d + j) * load(x, DT, (r0 + q) * d + j), sq);
+        for (int64_t q = 0; q < nr; q++) {
+            int64_t o = (r0 + q) * d;
+            float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
             for (int64_t j = 0; j < d; j++)
                 store(y, DT, o + j, load(x, DT, o + j) * ri);
-            r[row] = s < floor_ ? -ri : ri;
+            r[r0 + q] = sq[q] < floor_ ? -ri : ri;
         })
 }
 
 void qk_l2_backward(int dtype, const void *x, const void *dy, const float *r, void *dx, int64_t rows, int64_t d,
                     int threads) {
-    BY_DTYPE(
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")
-        for (int64_t row = 0; row < rows; row++) {
-            int64_t o = row * d;
-            float ri = r[row];
+    FOR_ROW_BLOCKS(rows,
+        float dot[ROWS];
+        ROWS_LANE_SUM(nr, d, load(dy, DT, (r0 + q) * d + j) * load(x, DT, (r0 + q) * d + j), dot);
+        for (int64_t q = 0; q < nr; q++) {
+            int64_t o = (r0 + q) * d;
+            float ri = r[r0 + q];
             if (ri < 0.0f) {
                 for (int64_t j = 0; j < d; j++)
                     store(dx, DT, o + j, -ri * load(dy, DT, o + j));
                 continue;
             }
-            float c = LANE_SUM(d, load(dy, DT, o + j) * load(x, DT, o + j)) * (ri * ri * ri);
+            float c = dot[q] * (ri * ri * ri);
             for (int64_t j = 0; j < d; j++)
                 store(dx, DT, o + j, ri * load(dy, DT, o + j) - c * load(x, DT, o + j));
         })
@@ -68,15 +69,19 @@ void qk_l2_backward(int dtype, const void *x, const void *dy, const float *r, vo
 void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t *lengths, int64_t count, int64_t heads,
                    int64_t d, int64_t length, float floor_, const float *gain, int threads) {
     FOR_SENTENCE_HEADS(
-        for (int64_t t = 0; t < lengths[s]; t++) {
-            int64_t row = (first[s] + t) * heads + h, o = row * d, go = (sh * length + t) * d;
-            float sq = LANE_SUM(d, load(x, DT, o + j) * load(x, DT, o + j));
-            float ri = 1.0f / sqrtf(sq < floor_ ? floor_ : sq);
-            for (int64_t j = 0; j < d; j++) {
-                float v = round_to(DT, load(x, DT, o + j) * ri);
-                store(grid, DT, go + j, scaled ? v * g : v);
+        for (int64_t t0 = 0; t0 < lengths[s]; t0 += ROWS) {
+            int64_t nr = lengths[s] - t0 < ROWS ? lengths[s] - t0 : ROWS, row0 = (first[s] + t0) * heads + h;
+            float sq[ROWS];
+            ROWS_LANE_SUM(nr, d, load(x, DT, (row0 + q * heads) * d + j) * load(x, DT, (row0 + q * heads) * d + j), sq);
+            for (int64_t q = 0; q < nr; q++) {
+                int64_t row = row0 + q * heads, o = row * d, go = (sh * length + t0 + q) * d;
+                float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
+                for (int64_t j = 0; j < d; j++) {
+                    float v = round_to(DT, load(x, DT, o + j) * ri);
+                    store(grid, DT, go + j, scaled ? v * g : v);
+                }
+                r[row] = sq[q] < floor_ ? -ri : ri;
             }
-            r[row] = sq < floor_ ? -ri : ri;
         }
         for (int64_t j = lengths[s] * d; j < length * d; j++)
             store(grid, DT, sh * length * d + j, 0.0f);
@@ -84,35 +89,57 @@ void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t
 }
 
 /* The gradient of qk_l2_to_grid's X from its grid's, DGRID, into DX (tokens, HEADS, D); with GAIN, DG
- * (COUNT, HEADS) g's gradient from each sentence's head. */
+ * (COUNT, HEADS) g's gradient from each sentence's head, summed in LANES fp32 partial sums. */
 void qk_l2_from_grid(int dtype, const void *x, const void *dgrid, const float *r, void *dx, const int64_t *lengths,
                      int64_t count, int64_t heads, int64_t d, int64_t length, const float *gain, float *dg, int threads) {
     FOR_SENTENCE_HEADS(
-        float dy[d], dgs = 0.0f;
-        for (int64_t t = 0; t < lengths[s]; t++) {
-            int64_t row = (first[s] + t) * heads + h, o = row * d, go = (sh * length + t) * d;
-            float ri = r[row];
-            if (scaled) {
-                float rn = ri < 0.0f ? -ri : ri;
-                for (int64_t j = 0; j < d; j++) {
-                    float dz = load(dgrid, DT, go + j);
-                    dgs += dz * round_to(DT, load(x, DT, o + j) * rn);
-                    dy[j] = round_to(DT, dz * g);
+        float dy[ROWS * d], dgs[LANES] = {0};
+        for (int64_t t0 = 0; t0 < lengths[s]; t0 += ROWS) {
+            int64_t nr = lengths[s] - t0 < ROWS ? lengths[s] - t0 : ROWS, row0 = (first[s] + t0) * heads + h;
+            for (int64_t q = 0; q < nr; q++) {
+                int64_t o = (row0 + q * heads) * d, go = (sh * length + t0 + q) * d;
+                float *dq = dy + q * d;
+                if (scaled) {
+                    float rn = r[row0 + q * heads];
+                    rn = rn < 0.0f ? -rn : rn;
+                    int64_t i = 0;
+                    for (; i + LANES <= d; i += LANES)
+                        for (int k = 0; k < LANES; k++) {
+                            float dz = load(dgrid, DT, go + i + k);
+                            dgs[k] += dz * round_to(DT, load(x, DT, o + i + k) * rn);
+                            dq[i + k] = round_to(DT, dz * g);
+                        }
+                    for (; i < d; i++) {
+                        float dz = load(dgrid, DT, go + i);
+                        dgs[0] += dz * round_to(DT, load(x, DT, o + i) * rn);
+                        dq[i] = round_to(DT, dz * g);
+                    }
+                } else {
+                    for (int64_t j = 0; j < d; j++)
+                        dq[j] = load(dgrid, DT, go + j);
                 }
-            } else {
-                for (int64_t j = 0; j < d; j++)
-                    dy[j] = load(dgrid, DT, go + j);
             }
-            if (ri < 0.0f) {
+            float dot[ROWS];
+            ROWS_LANE_SUM(nr, d, dy[q * d + j] * load(x, DT, (row0 + q * heads) * d + j), dot);
+            for (int64_t q = 0; q < nr; q++) {
+                int64_t o = (row0 + q * heads) * d;
+                const float *dq = dy + q * d;
+                float ri = r[row0 + q * heads];
+                if (ri < 0.0f) {
+                    for (int64_t j = 0; j < d; j++)
+                        store(dx, DT, o + j, -ri * dq[j]);
+                    continue;
+                }
+                float c = dot[q] * (ri * ri * ri);
                 for (int64_t j = 0; j < d; j++)
-                    store(dx, DT, o + j, -ri * dy[j]);
-                continue;
+                    store(dx, DT, o + j, ri * dq[j] - c * load(x, DT, o + j));
             }
-            float c = LANE_SUM(d, dy[j] * load(x, DT, o + j)) * (ri * ri * ri);
-            for (int64_t j = 0; j < d; j++)
-                store(dx, DT, o + j, ri * dy[j] - c * load(x, DT, o + j));
         }
-        if (scaled)
-            dg[sh] = dgs;
+        if (scaled) {
+            float sum = 0.0f;
+            for (int k = 0; k < LANES; k++)
+                sum += dgs[k];
+            dg[sh] = sum;
+        }
     )
 }

@@ -25,25 +25,28 @@
 
 #define BLOCK 64
 
-/* row O of X normalised into H; its mean and 1 / std into *M, *RI */
-static inline void norm_row(int DT, const void *restrict x, const void *restrict w, const void *restrict b,
-                            void *restrict h, int64_t o, int64_t d, float eps, float *m, float *ri) {
-    float mean = LANE_SUM(d, load(x, DT, o + j)) / (float)d;
-    float var = LANE_SUM(d, (load(x, DT, o + j) - mean) * (load(x, DT, o + j) - mean)) / (float)d;
-    float r = 1.0f / sqrtf(var + eps);
-    for (int64_t j = 0; j < d; j++)
-        store(h, DT, o + j, (load(x, DT, o + j) - mean) * r * load(w, DT, j) + load(b, DT, j));
-    *m = mean;
-    *ri = r;
+/* NR <= ROWS rows of X from ROW0 normalised into H; their means and 1 / stds into M, RI */
+static inline void norm_rows(int DT, const void *restrict x, const void *restrict w, const void *restrict b,
+                             void *restrict h, int64_t row0, int64_t nr, int64_t d, float eps, float *m, float *ri) {
+    float mean[ROWS], var[ROWS];
+    ROWS_LANE_SUM(nr, d, load(x, DT, (row0 + q) * d + j), mean);
+    for (int q = 0; q < ROWS; q++)
+        mean[q] /= (float)d;
+    ROWS_LANE_SUM(nr, d, (load(x, DT, (row0 + q) * d + j) - mean[q]) * (load(x, DT, (row0 + q) * d + j) - mean[q]), var);
+    for (int64_t q = 0; q < nr; q++) {
+        int64_t o = (row0 + q) * d;
+        float r = 1.0f / sqrtf(var[q] / (float)d + eps), mq = mean[q];
+        for (int64_t j = 0; j < d; j++)
+            store(h, DT, o + j, (load(x, DT, o + j) - mq) * r * load(w, DT, j) + load(b, DT, j));
+        m[q] = mq;
+        ri[q] = r;
+    }
 }
 
 void qk_layer_norm_forward(int dtype, const void *restrict x, const void *restrict w, const void *restrict b,
                            void *restrict h, float *restrict mean, float *restrict r, int64_t rows, int64_t d, float eps,
                            int threads) {
-    BY_DTYPE(
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")
-        for (int64_t row = 0; row < rows; row++)
-            norm_row(DT, x, w, b, h, row * d, d, eps, &mean[row], &r[row]);)
+    FOR_ROW_BLOCKS(rows, norm_rows(DT, x, w, b, h, r0, nr, d, eps, mean + r0, r + r0);)
 }
 
 void qk_dropout_add_norm_forward(int dtype, const void *restrict y, const void *restrict residual, void *restrict x,
@@ -51,23 +54,23 @@ void qk_dropout_add_norm_forward(int dtype, const void *restrict y, const void *
                                  float *restrict mean, float *restrict r, int64_t rows, int64_t d, float eps, STATE_ARGS,
                                  int threshold, float scale, int threads) {
     STATE_INIT
-    int16_t *draw = malloc((size_t)(d * threads) * sizeof(int16_t));
+    int16_t *draw = malloc((size_t)(ROWS * d * threads) * sizeof(int16_t));
     BY_DTYPE(
         _Pragma("omp parallel num_threads(threads)") {
             int nt = omp_get_num_threads(), t = omp_get_thread_num();
             int64_t first = rows * t / nt, last = rows * (t + 1) / nt;
-            int16_t *dr = draw + d * t;
+            int16_t *dr = draw + ROWS * d * t;
             draws_t stream;
             draws_from(&stream, state, inc, (uint64_t)(first * d));
-            for (int64_t row = first; row < last; row++) {
-                int64_t o = row * d;
-                draws_next(&stream, dr, d);
-                for (int64_t j = 0; j < d; j++) {
+            for (int64_t row0 = first; row0 < last; row0 += ROWS) {
+                int64_t nr = last - row0 < ROWS ? last - row0 : ROWS, o = row0 * d;
+                draws_next(&stream, dr, nr * d);
+                for (int64_t j = 0; j < nr * d; j++) {
                     int drawn = dr[j] < threshold;
                     kept[o + j] = drawn;
                     store(x, DT, o + j, addmul(DT, load(residual, DT, o + j), load(y, DT, o + j), drawn ? scale : 0.0f));
                 }
-                norm_row(DT, x, w, b, h, o, d, eps, &mean[row], &r[row]);
+                norm_rows(DT, x, w, b, h, row0, nr, d, eps, mean + row0, r + row0);
             }
         })
     free(draw);
@@ -85,11 +88,17 @@ void qk_layer_norm_backward(int dtype, const void *restrict dh, const void *rest
         for (int64_t block = 0; block < blocks; block++) {
             float *restrict pw = partial + 2 * block * d, *restrict pb = pw + d;
             int64_t end = (block + 1) * BLOCK < rows ? (block + 1) * BLOCK : rows;
+            float as[ROWS], cs[ROWS];
             for (int64_t row = block * BLOCK; row < end; row++) {
-                int64_t o = row * d;
+                int64_t o = row * d, q = (row - block * BLOCK) % ROWS;
+                if (q == 0) {
+                    int64_t nr = end - row < ROWS ? end - row : ROWS;
+                    ROWS_LANE_SUM(nr, d, load(dh, DT, (row + q) * d + j) * load(w, DT, j), as);
+                    ROWS_LANE_SUM(nr, d, load(dh, DT, (row + q) * d + j) * load(w, DT, j)
+                                             * ((load(x, DT, (row + q) * d + j) - mean[row + q]) * r[row + q]), cs);
+                }
                 float m = mean[row], ri = r[row];
-                float a = LANE_SUM(d, load(dh, DT, o + j) * load(w, DT, j)) / (float)d;
-                float c = LANE_SUM(d, load(dh, DT, o + j) * load(w, DT, j) * ((load(x, DT, o + j) - m) * ri)) / (float)d;
+                float a = as[q] / (float)d, c = cs[q] / (float)d;
                 if (kept == NULL) {
                     for (int64_t j = 0; j < d; j++)
                         store(dx, DT, o + j, ri * (load(dh, DT, o + j) * load(w, DT, j) - a - (load(x, DT, o + j) - m) * ri * c));

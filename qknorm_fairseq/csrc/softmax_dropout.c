@@ -47,27 +47,26 @@ static inline float row_max(const float *e, int64_t s) {
             lanes[k] = e[i + k] > lanes[k] ? e[i + k] : lanes[k];
     for (; i < s; i++)
         lanes[0] = e[i] > lanes[0] ? e[i] : lanes[0];
-    for (int k = 0; k < LANES; k++)
-        max = lanes[k] > max ? lanes[k] : max;
-    return max;
+    for (int half = LANES / 2; half > 0; half /= 2) /* a tree: a max is the same in any order */
+        for (int k = 0; k < half; k++)
+            lanes[k] = lanes[k + half] > lanes[k] ? lanes[k + half] : lanes[k];
+    return lanes[0] > max ? lanes[0] : max;
 }
 
-/* E = the exponentials of row O of SCORES plus row MO of MASK, less their max; their sum's inverse. */
-static inline float exponentials(int dtype, const void *scores, const void *mask, int64_t o, int64_t mo, int64_t s,
-                                 float *e) {
+/* E (PADDED values) = the exponentials of row O of SCORES plus row MO of MASK, less their max, 0 past S. */
+static inline void exponentials(int dtype, const void *scores, const void *mask, int64_t o, int64_t mo, int64_t s,
+                                int64_t padded, float *e) {
     if (mask)
         for (int64_t j = 0; j < s; j++)
             e[j] = load(scores, dtype, o + j) + load(mask, dtype, mo + j);
     else
         for (int64_t j = 0; j < s; j++)
             e[j] = load(scores, dtype, o + j);
-    int64_t padded = (s + LANES - 1) / LANES * LANES; /* the lanes' loops without a remainder: e^-inf = 0 */
-    for (int64_t j = s; j < padded; j++)
+    for (int64_t j = s; j < padded; j++) /* the lanes' loops without a remainder: e^-inf = 0 */
         e[j] = -INFINITY;
     float max = row_max(e, padded);
     for (int64_t j = 0; j < padded; j++)
         e[j] = exp_nonpositive(e[j] - max);
-    return 1.0f / LANE_SUM(padded, e[j]);
 }
 
 /* SCORES (D0, D1, D2, S) contiguous; MASK (or NULL) with strides M0, M1, M2 over the first three
@@ -76,37 +75,48 @@ void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask,
                                 void *y, void *out, uint8_t *kept, int64_t d0, int64_t d1, int64_t d2, int64_t s,
                                 STATE_ARGS, int threshold, float scale, int threads) {
     STATE_INIT
-    int64_t rows = d0 * d1 * d2;
+    int64_t rows = d0 * d1 * d2, padded = (s + LANES - 1) / LANES * LANES;
+    int64_t block = padded * ROWS <= 16384 ? ROWS : 16384 / padded > 1 ? 16384 / padded : 1; /* rows at a time */
     BY_DTYPE(_Pragma("omp parallel num_threads(threads)") {
         int nt = omp_get_num_threads(), t = omp_get_thread_num();
         int64_t first = rows * t / nt, last = rows * (t + 1) / nt;
         draws_t stream;
         if (out)
             draws_from(&stream, state, inc, (uint64_t)(first * s));
-        float e[s + LANES];
-        int16_t draw[s];
+        float e[block * padded], sums[ROWS];
+        int16_t draw[out ? block * s : 1];
         int64_t i2 = first % d2, i1 = first / d2 % d1, i0 = first / d2 / d1; /* the row's index */
-        for (int64_t row = first; row < last; row++) {
-            int64_t o = row * s;
-            float inv = exponentials(DT, scores, mask, o, i0 * m0 + i1 * m1 + i2 * m2, s, e);
-            if (out) {
-                draws_next(&stream, draw, s);
-                for (int64_t j = 0; j < s; j++) {
-                    float p = round_to(DT, e[j] * inv);
-                    int drawn = draw[j] < threshold;
-                    store(y, DT, o + j, p);
-                    store(out, DT, o + j, p * (drawn ? scale : 0.0f));
-                    kept[o + j] = drawn;
+        for (int64_t r0 = first; r0 < last; r0 += block) {
+            int64_t nr = last - r0 < block ? last - r0 : block;
+            for (int64_t q = 0; q < nr; q++) {
+                exponentials(DT, scores, mask, (r0 + q) * s, i0 * m0 + i1 * m1 + i2 * m2, s, padded, e + q * padded);
+                if (++i2 == d2) {
+                    i2 = 0;
+                    if (++i1 == d1) {
+                        i1 = 0;
+                        i0++;
+                    }
                 }
-            } else {
-                for (int64_t j = 0; j < s; j++)
-                    store(y, DT, o + j, e[j] * inv);
             }
-            if (++i2 == d2) {
-                i2 = 0;
-                if (++i1 == d1) {
-                    i1 = 0;
-                    i0++;
+            ROWS_LANE_SUM(nr, padded, e[q * padded + j], sums);
+            if (out)
+                draws_next(&stream, draw, nr * s);
+            for (int64_t q = 0; q < nr; q++) {
+                int64_t o = (r0 + q) * s;
+                const float *eq = e + q * padded;
+                float inv = 1.0f / sums[q];
+                if (out) {
+                    const int16_t *dq = draw + q * s;
+                    for (int64_t j = 0; j < s; j++) {
+                        float p = round_to(DT, eq[j] * inv);
+                        int drawn = dq[j] < threshold;
+                        store(y, DT, o + j, p);
+                        store(out, DT, o + j, p * (drawn ? scale : 0.0f));
+                        kept[o + j] = drawn;
+                    }
+                } else {
+                    for (int64_t j = 0; j < s; j++)
+                        store(y, DT, o + j, eq[j] * inv);
                 }
             }
         }
@@ -116,18 +126,20 @@ void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask,
 /* GRAD, Y (rows, S) contiguous, KEPT as the forward wrote it (NULL: no dropout) into DX. */
 void qk_softmax_dropout_backward(int dtype, const void *grad, const void *y, const uint8_t *kept, void *dx, int64_t rows,
                                  int64_t s, float scale, int threads) {
+    int64_t block = s * ROWS <= 16384 ? ROWS : 16384 / s > 1 ? 16384 / s : 1, blocks = (rows + block - 1) / block;
     BY_DTYPE(_Pragma("omp parallel num_threads(threads)") {
-        float g[s];
+        float g[block * s], dots[ROWS];
         _Pragma("omp for schedule(static)")
-        for (int64_t row = 0; row < rows; row++) {
-            int64_t o = row * s;
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t r0 = b * block, nr = rows - r0 < block ? rows - r0 : block, o = r0 * s;
             /* the mask's value as a product, not a choice: compiled as a branch on a random byte it
              * mispredicts on every other unit, and the loop took twice as long */
-            for (int64_t j = 0; j < s; j++)
+            for (int64_t j = 0; j < nr * s; j++)
                 g[j] = load(grad, DT, o + j) * (kept ? (float)kept[o + j] * scale : 1.0f);
-            float dot = LANE_SUM(s, load(y, DT, o + j) * g[j]);
-            for (int64_t j = 0; j < s; j++)
-                store(dx, DT, o + j, load(y, DT, o + j) * (g[j] - dot));
+            ROWS_LANE_SUM(nr, s, load(y, DT, o + q * s + j) * g[q * s + j], dots);
+            for (int64_t q = 0; q < nr; q++)
+                for (int64_t j = 0; j < s; j++)
+                    store(dx, DT, o + q * s + j, load(y, DT, o + q * s + j) * (g[q * s + j] - dots[q]));
         }
     })
 }
