@@ -24,6 +24,7 @@
 #include "pcg.h"
 
 #define BLOCK 64
+_Static_assert(BLOCK % ROWS == 0, "the backward's sums end ROWS rows at a time within a block");
 
 /* NR <= ROWS rows of X from ROW0 normalised into H; their means and 1 / stds into M, RI */
 static inline void norm_rows(int DT, const void *restrict x, const void *restrict w, const void *restrict b,
