@@ -219,7 +219,7 @@ class _L2Grids(torch.autograd.Function):
 def l2_grids(x, rows, eps, g=None):
     """QKNorm's l2 normalisation of rows X (N, heads, head_dim) into each of ROWS' groups' grids
     (decoder_rows.Rows.grids), times QKNorm's G where given, by the C loops: the same values and x's
-    gradient bit for bit as lp_normalize, Rows.grids and the product with g (g's gradient summed in fp32);
+    gradient bit for bit as lp_normalize, Rows.grids and the product with g (g's gradient in fp32 partial sums);
     None where the C loops do not take X."""
     if not (x.device.type == "cpu" and x.dtype in native.DTYPES and x.is_contiguous() and x.numel()
             and native.is_enabled() and _library() is not None):

@@ -102,18 +102,9 @@ void qk_l2_from_grid(int dtype, const void *x, const void *dgrid, const float *r
                 if (scaled) {
                     float rn = r[row0 + q * heads];
                     rn = rn < 0.0f ? -rn : rn;
-                    int64_t i = 0;
-                    for (; i + LANES <= d; i += LANES)
-                        for (int k = 0; k < LANES; k++) {
-                            float dz = load(dgrid, DT, go + i + k);
-                            dgs[k] += dz * round_to(DT, load(x, DT, o + i + k) * rn);
-                            dq[i + k] = round_to(DT, dz * g);
-                        }
-                    for (; i < d; i++) {
-                        float dz = load(dgrid, DT, go + i);
-                        dgs[0] += dz * round_to(DT, load(x, DT, o + i) * rn);
-                        dq[i] = round_to(DT, dz * g);
-                    }
+                    ADD_TO_LANES(dgs, d, load(dgrid, DT, go + j) * round_to(DT, load(x, DT, o + j) * rn));
+                    for (int64_t j = 0; j < d; j++)
+                        dq[j] = round_to(DT, load(dgrid, DT, go + j) * g);
                 } else {
                     for (int64_t j = 0; j < d; j++)
                         dq[j] = load(dgrid, DT, go + j);

@@ -69,6 +69,12 @@ static inline void exponentials(int dtype, const void *scores, const void *mask,
         e[j] = exp_nonpositive(e[j] - max);
 }
 
+/* Rows taken at a time (ROWS_LANE_SUM) for rows of WIDTH floats: ROWS, fewer where they would pass 64 KiB on
+ * the thread's stack. */
+static inline int64_t rows_at_a_time(int64_t width) {
+    return width * ROWS <= 16384 ? ROWS : 16384 / width > 1 ? 16384 / width : 1;
+}
+
 /* SCORES (D0, D1, D2, S) contiguous; MASK (or NULL) with strides M0, M1, M2 over the first three
  * dims (0 where it broadcasts) and 1 over the last. */
 void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask, int64_t m0, int64_t m1, int64_t m2,
@@ -76,7 +82,7 @@ void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask,
                                 STATE_ARGS, int threshold, float scale, int threads) {
     STATE_INIT
     int64_t rows = d0 * d1 * d2, padded = (s + LANES - 1) / LANES * LANES;
-    int64_t block = padded * ROWS <= 16384 ? ROWS : 16384 / padded > 1 ? 16384 / padded : 1; /* rows at a time */
+    int64_t block = rows_at_a_time(padded);
     BY_DTYPE(_Pragma("omp parallel num_threads(threads)") {
         int nt = omp_get_num_threads(), t = omp_get_thread_num();
         int64_t first = rows * t / nt, last = rows * (t + 1) / nt;
@@ -126,7 +132,7 @@ void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask,
 /* GRAD, Y (rows, S) contiguous, KEPT as the forward wrote it (NULL: no dropout) into DX. */
 void qk_softmax_dropout_backward(int dtype, const void *grad, const void *y, const uint8_t *kept, void *dx, int64_t rows,
                                  int64_t s, float scale, int threads) {
-    int64_t block = s * ROWS <= 16384 ? ROWS : 16384 / s > 1 ? 16384 / s : 1, blocks = (rows + block - 1) / block;
+    int64_t block = rows_at_a_time(s), blocks = (rows + block - 1) / block;
     BY_DTYPE(_Pragma("omp parallel num_threads(threads)") {
         float g[block * s], dots[ROWS];
         _Pragma("omp for schedule(static)")
