@@ -6,11 +6,14 @@ checkpoints stay those of the eager model.
 """
 import torch
 
+from . import native
+
 
 def compile_layers(model):
     layers = [layer for stack in (model.encoder, model.decoder) for layer in getattr(stack, "layers", [])]
     if not layers:
         raise ValueError(f"--compile compiles encoder and decoder layers; {type(model).__name__} has none: drop --compile")
+    native.inductor_cache()
     for layer in layers:
         eager, compiled = layer.forward, torch.compile(layer.forward)
 

@@ -72,6 +72,7 @@ def _compiled(fn, flag="--fused-kernels", constant_floats=False):
     def run(x, *args):
         if x.device.type not in checked:
             check_compiler(x.device, flag)
+            native.inductor_cache()
             checked.add(x.device.type)
         with torch._dynamo.config.patch(**floats):
             return compiled(x, *args)

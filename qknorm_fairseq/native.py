@@ -4,6 +4,13 @@ A kernel is built by the C compiler on PATH ($CC, else cc, gcc or clang) with -m
 OpenMP, once per source, compiler and CPU: the library is kept under $QKNORM_CACHE (default
 ~/.cache/qknorm_fairseq) with a name that hashes all three, so a checkout on a machine with other
 instruction sets builds its own. No torch headers are needed, so a build takes a fraction of a second.
+
+torch.compile's cache (Inductor's, --fused-kernels' loops and --compile's layers) gets the same rule:
+its key names no CPU, so code it generated for one machine's vector width (AVX2: 8 floats a vector)
+is loaded on another's (AVX-512: 16) and compiled there with that machine's flags, where it reads and
+writes past its buffers (torch 2.13: NaN losses, then "double free or corruption"). A cache directory
+shared by machines with different CPUs (a home directory or a /tmp that outlives the machine) meets
+it; inductor_cache() gives each CPU its own subdirectory.
 """
 import contextlib
 import ctypes
@@ -56,6 +63,20 @@ def _cpu():
             return next((line for line in f if line.startswith("flags")), "")
     except OSError:
         return platform.processor()
+
+
+def inductor_cache():
+    """Point torch.compile's cache (TORCHINDUCTOR_CACHE_DIR: the user's, else Inductor's default) at a
+    subdirectory for this CPU and vector ISA (ATEN_CPU_CAPABILITY, which Inductor honours too); the
+    directory, set once per process and inherited by its compile workers."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    key = hashlib.sha1(f"{_cpu()}\0{os.environ.get('ATEN_CPU_CAPABILITY', '')}".encode()).hexdigest()[:12]
+    name = f"cpu-{key}"
+    if Path(base).name != name:  # a process started by one that has set it already keeps it
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(base) / name)
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 @functools.cache

@@ -94,6 +94,7 @@ def run(opts):
               ("fused loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False)[0],
                "log_softmax loss bf16", (opts.tokens, opts.vocab), bf16)]
     if fused_kernels.has_compiler():
+        native.inductor_cache()
         compiled_dropout = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.4), dynamic=True)
         cases += [("compiled torch dropout bf16", compiled_dropout, "fast_dropout bf16", (opts.tokens, 4 * d), bf16),
                   ("fused_kernels loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, True)[0],

@@ -241,3 +241,34 @@ def test_errors(tiny_data, monkeypatch):
     adam = fused_kernels._compiled(fused_kernels._adam_update, "--fused-adam")  # as fused_kernels.adam_update
     with pytest.raises(ValueError, match=r"^--fused-adam compiles C\+\+ loops .* or train without --fused-adam$"):
         adam(*[torch.ones(2)] * 6, 0.9, 0.98, 1e-8, 0.0)
+
+
+_LOSS_STATISTICS = """
+import torch
+from qknorm_fairseq import fused_kernels
+torch.manual_seed(0)
+logits = (torch.randn(1472, 2350) * 3).bfloat16()[:1448]  # the packed decoder's rows: a view of more rows
+target = torch.randint(0, 2350, (1448,))
+with torch.no_grad():
+    lse = fused_kernels.loss_statistics(logits, target, None)[0]
+print((lse - torch.logsumexp(logits.float(), -1)).abs().max().item())
+"""
+
+
+@pytest.mark.skipif("avx512f" not in native._cpu(), reason="needs a CPU with AVX-512: the hazard is code generated for "
+                                                          "AVX2 loaded where vectors are wider")
+def test_a_cache_shared_with_a_narrower_cpu_is_not_loaded(tmp_path):
+    """Inductor's loops compiled for AVX2 (ATEN_CPU_CAPABILITY=avx2, as on another machine) into a shared cache
+    directory, then run on this AVX-512 CPU from the same directory: the loss statistics are right. Without
+    native.inductor_cache() torch 2.13 loads the AVX2 code here: wrong rows, then a heap corruption."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    for isa in ("avx2", None):
+        run = subprocess.run([sys.executable, "-c", _LOSS_STATISTICS], capture_output=True, text=True,
+                             env={**env, "ATEN_CPU_CAPABILITY": isa} if isa else env)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert float(run.stdout.split()[-1]) < 1e-5
+    assert len(list(tmp_path.glob("cpu-*"))) == 2

@@ -2,6 +2,7 @@
 against numpy's generator and the torch ops they replace, bit for bit (--fused-adam's csrc/flat_adam.c:
 tests/unit/test_optimizer.py and test_fast_step.py)."""
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +145,26 @@ def test_the_c_path_keeps_a_byte_per_unit_and_its_inputs_decide_it():
     assert fast_dropout._native(x, torch.randn(64, 32))
     with native.enabled(False):
         assert not fast_dropout._native(x)
+
+
+def test_torch_compiles_cache_is_a_directory_per_cpu_and_vector_isa(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    here = native.inductor_cache()
+    assert Path(here).parent == tmp_path and Path(here).name.startswith("cpu-")
+    assert native.inductor_cache() == here  # set once: a second call (or a child process) keeps it
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    narrower = native.inductor_cache()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setattr(native, "_cpu", lambda: "flags : avx2 (another machine)")
+    other = native.inductor_cache()
+    assert len({here, narrower, other}) == 3 and all(Path(d).parent == tmp_path for d in (narrower, other))
+
+
+def test_without_a_cache_directory_set_inductors_default_gets_the_cpus_subdirectory(monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert Path(native.inductor_cache()).parent == Path(default_cache_dir())
