@@ -99,6 +99,7 @@ class NormAttention(MultiheadAttention):
             for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
                 kernels.RowsLinear.swap(projection)
             self._fits_softmax_dropout, self._softmax_dropout = kernels.fits_softmax_dropout, kernels.softmax_dropout
+            self._linears = kernels.linears
         if fast_dropout:
             from .fast_dropout import swap_dropouts  # imported only here: see model._swap_dropouts
 
@@ -183,12 +184,17 @@ class NormAttention(MultiheadAttention):
         def heads(y):
             return y.view(-1, self.num_heads, self.head_dim)
 
-        qs, scaled = self._qknorm_grids(heads(self.q_proj(x)), rows, with_g=self.weights == "softmax")
         if self.self_attention:
-            ks, _ = self._qknorm_grids(heads(self.k_proj(x)), rows)
-            vs = rows.grids(heads(self.v_proj(x)))
+            q, k, v = self._linears(x, self.q_proj, self.k_proj, self.v_proj)
+        else:
+            q = self.q_proj(x)
+        qs, scaled = self._qknorm_grids(heads(q), rows, with_g=self.weights == "softmax")
+        if self.self_attention:
+            ks, _ = self._qknorm_grids(heads(k), rows)
+            vs = rows.grids(heads(v))
         elif key_rows is not None:
-            ((k,), _), (v,) = self._qknorm_grids(heads(self.k_proj(key)), key_rows), key_rows.grids(heads(self.v_proj(key)))
+            k, v = self._linears(key, self.k_proj, self.v_proj)
+            ((k,), _), (v,) = self._qknorm_grids(heads(k), key_rows), key_rows.grids(heads(v))
             ks, vs = rows.split(k), rows.split(v)
         else:
             k, v, _ = self.source_keys(key, key, None, rows.bsz)
@@ -205,6 +211,11 @@ class NormAttention(MultiheadAttention):
             else:  # DNAS/HNAS, in encoder self-attention only (check_args)
                 outs.append(self._explicit(qs[i], ks[i], vs[i], pad, mask)[0])
         return self.out_proj(rows.from_grids(outs))
+
+    @staticmethod
+    def _linears(x, *layers):
+        """Each of LAYERS applied to X (with --fused-kernels fused_kernels.linears: one autograd node)."""
+        return [layer(x) for layer in layers]
 
     def query_heads(self, query, bsz):
         """The projected queries, (bsz, heads, len, head_dim); QKNorm: normalised."""

@@ -25,7 +25,10 @@ gradients less exactly. In a pre-norm layer, --fast-dropout's residual dropout a
 are one loop (x = residual + dropout(y), h = LayerNorm(x)): the bits of the two loops, one pass fewer each
 way, and the backward adds x's two gradients itself where autograd would add them in another pass.
 RowsLinear (the projections and feed-forward layers, torch's Linear with its class swapped) gives bf16
-rows oneDNN's linear with the bias inside the product, where addmm copies the bias into the output first.
+rows oneDNN's linear with the bias inside the product, where addmm copies the bias into the output first;
+the attention's projections of one input (q, k and v; the source's k and v) are one autograd node whose
+backward sums the input's gradient inside the products (addmm_), where autograd rounds each layer's
+gradient and adds them in passes of their own: other rounding of that gradient, no other bits.
 
 Dropout stays out of the compiled loops: Inductor's CPU random numbers are slow to draw (torch's dropout
 through torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are
@@ -392,12 +395,50 @@ class _BiasLinear(torch.autograd.Function):
                 dy.sum(0) if ctx.needs_input_grad[2] else None)
 
 
+class _BiasLinears(torch.autograd.Function):
+    """_BiasLinear's products for several layers of one input X (WEIGHT, BIAS pairs): X's gradient summed inside
+    the products (each addmm_ adds its product's fp32 sum to the sum so far, rounded once), where autograd rounds
+    each layer's gradient and adds them in passes of their own."""
+
+    @staticmethod
+    def forward(ctx, x, *params):
+        weights, biases = params[0::2], params[1::2]
+        ctx.save_for_backward(x, *weights)
+        return tuple(_linear_pointwise()(x, w, b, "none", [], "") for w, b in zip(weights, biases))
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x, *weights = ctx.saved_tensors
+        dx = None
+        if ctx.needs_input_grad[0]:
+            for dy, w in zip(dys, weights):
+                dx = dy.mm(w) if dx is None else dx.addmm_(dy, w)
+        grads = []
+        for i, dy in enumerate(dys):
+            grads += [dy.t().mm(x) if ctx.needs_input_grad[1 + 2 * i] else None,
+                      dy.sum(0) if ctx.needs_input_grad[2 + 2 * i] else None]
+        return (dx, *grads)
+
+
+def _in_products(x, weight, bias):
+    """Whether oneDNN's bf16 product with the bias inside takes these: bf16 rows (N, in) on a CPU, gradients recorded."""
+    return (bias is not None and x.dim() == 2 and x.device.type == "cpu" and x.dtype == weight.dtype == bias.dtype
+            == torch.bfloat16 and torch.is_grad_enabled() and native.is_enabled() and _linear_pointwise() is not None)
+
+
 def linear(x, weight, bias=None):
     """F.linear; on a CPU, bf16 rows (N, in) with a bias, gradients recorded: through _BiasLinear."""
-    if (bias is not None and x.dim() == 2 and x.device.type == "cpu" and x.dtype == weight.dtype == bias.dtype
-            == torch.bfloat16 and torch.is_grad_enabled() and native.is_enabled() and _linear_pointwise() is not None):
+    if _in_products(x, weight, bias):
         return _BiasLinear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def linears(x, *layers):
+    """[layer(x) for layer in LAYERS]; RowsLinear layers in training that all take X into oneDNN's products:
+    through _BiasLinears, X's gradient summed inside the products (attention's projections of one input)."""
+    if all(type(layer) is RowsLinear and layer.training and _in_products(x, layer.weight, layer.bias) for layer in layers):
+        return _BiasLinears.apply(x, *(p for layer in layers for p in (layer.weight, layer.bias)))
+    return [layer(x) for layer in layers]
 
 
 class RowsLinear(torch.nn.Linear):
