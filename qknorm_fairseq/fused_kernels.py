@@ -378,27 +378,12 @@ def _linear_pointwise():
         return None
 
 
-class _BiasLinear(torch.autograd.Function):
-    """F.linear of bf16 rows with the bias added by oneDNN's product, where addmm first copies the bias into
-    every row of the output (a pass over it): the same bits (the product's fp32 sum plus the bias, rounded
-    once; the backward is AddmmBackward's products and sum)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        return _linear_pointwise()(x, weight, bias, "none", [], "")
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        return (dy.mm(weight) if ctx.needs_input_grad[0] else None, dy.t().mm(x) if ctx.needs_input_grad[1] else None,
-                dy.sum(0) if ctx.needs_input_grad[2] else None)
-
-
 class _BiasLinears(torch.autograd.Function):
-    """_BiasLinear's products for several layers of one input X (WEIGHT, BIAS pairs): X's gradient summed inside
-    the products (each addmm_ adds its product's fp32 sum to the sum so far, rounded once), where autograd rounds
-    each layer's gradient and adds them in passes of their own."""
+    """F.linear of bf16 rows X for one or more layers (WEIGHT, BIAS pairs), the bias added by oneDNN's product,
+    where addmm first copies the bias into every row of the output (a pass over it): for one layer F.linear's
+    bits (the product's fp32 sum plus the bias, rounded once; the backward AddmmBackward's products and sum).
+    For several, X's gradient is summed inside the products (each addmm_ adds its product's fp32 sum to the sum
+    so far, rounded once), where autograd rounds each layer's gradient and adds them in passes of their own."""
 
     @staticmethod
     def forward(ctx, x, *params):
@@ -427,9 +412,9 @@ def _in_products(x, weight, bias):
 
 
 def linear(x, weight, bias=None):
-    """F.linear; on a CPU, bf16 rows (N, in) with a bias, gradients recorded: through _BiasLinear."""
+    """F.linear; on a CPU, bf16 rows (N, in) with a bias, gradients recorded: through _BiasLinears."""
     if _in_products(x, weight, bias):
-        return _BiasLinear.apply(x, weight, bias)
+        return _BiasLinears.apply(x, weight, bias)[0]
     return torch.nn.functional.linear(x, weight, bias)
 
 
