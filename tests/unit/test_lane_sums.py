@@ -48,4 +48,3 @@ def test_layer_norm_sums_each_row_in_lane_order(rows, d):
     c = v - mean[:, None]
     r = f32(1) / np.sqrt(lane_sum(c * c) / f32(d) + f32(1e-5))
     assert np.array_equal(h, c * r[:, None] * wn + bn)
-
