@@ -80,20 +80,23 @@ def inductor_cache():
 
 
 @functools.cache
-def load(name):
-    """The ctypes library built from csrc/NAME.c; NativeError (one line) where it cannot be built."""
+def load(name, portable=False):
+    """The ctypes library built from csrc/NAME.c; NativeError (one line) where it cannot be built.
+    PORTABLE: built without the AVX-512 forms of its loops (csrc/simd.h), which must give the same bits
+    (tests compare the two)."""
     source = SOURCES / f"{name}.c"
+    flags = (*FLAGS, "-DQK_PORTABLE") if portable else FLAGS
     cc = compiler()
     if cc is None:
         raise NativeError(f"no C compiler ($CC or {', '.join(COMPILERS)}) on PATH to build {source.name}")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     texts = [source.read_text(), *(h.read_text() for h in sorted(SOURCES.glob("*.h")))]  # the headers it may include
-    key = hashlib.sha1(b"\0".join(s.encode() for s in (*texts, " ".join(FLAGS), version, _cpu())))
+    key = hashlib.sha1(b"\0".join(s.encode() for s in (*texts, " ".join(flags), version, _cpu())))
     lib = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)
         partial = lib.with_name(f".{lib.name}.{os.getpid()}")
-        built = subprocess.run([cc, *FLAGS, str(source), "-o", str(partial)], capture_output=True, text=True)
+        built = subprocess.run([cc, *flags, str(source), "-o", str(partial)], capture_output=True, text=True)
         if built.returncode:
             partial.unlink(missing_ok=True)
             first = next((line for line in built.stderr.splitlines() if "error" in line), built.stderr.strip()[:200])

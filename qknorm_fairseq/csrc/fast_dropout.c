@@ -14,6 +14,7 @@
  */
 #include "common.h"
 #include "pcg.h"
+#include "simd.h"
 
 #define BLOCK 1024 /* draws a block: 256 words */
 
@@ -58,6 +59,19 @@ void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
     BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)") \
              for (int64_t i = 0; i < n; i++) { BODY; })
 
+#if QK_AVX512
+/* BODY for each 16 elements from i < N (K: those below N; ZERO: a vector of zeros), on THREADS threads. */
+#define FOR_CHUNKS(BODY)                                                                         \
+    int64_t chunks_ = (n + 15) / 16;                                                             \
+    BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)")                   \
+             for (int64_t c_ = 0; c_ < chunks_; c_++) {                                           \
+                 int64_t i = 16 * c_;                                                             \
+                 __mmask16 k = first_lanes(n - i);                                                \
+                 __m512 zero = _mm512_setzero_ps();                                               \
+                 BODY                                                                             \
+             })
+#endif
+
 static inline float relu(float v) { return v <= 0.0f ? 0.0f : v; } /* NaN stays NaN, as torch's */
 
 /* y = x * m, residual + x * m or relu(x) * m (KIND), m = SCALE where the draw < THRESHOLD, else 0;
@@ -76,7 +90,14 @@ void qk_dropout_forward(int kind, int dtype, const void *x, const void *residual
 
 /* The gradient through x * m: grad * m, m = SCALE where KEPT, else 0. */
 void qk_dropout_backward(int dtype, const void *grad, const uint8_t *kept, void *out, int64_t n, float scale, int threads) {
+#if QK_AVX512
+    FOR_CHUNKS({
+        __mmask16 m = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(k, kept + i), _mm_set1_epi8(-1));
+        vstore(DT, out, i, k, _mm512_mul_ps(vload(DT, grad, i, k, zero), _mm512_maskz_mov_ps(m, _mm512_set1_ps(scale))));
+    })
+#else
     FOR_EACH(store(out, DT, i, load(grad, DT, i) * (kept[i] ? scale : 0.0f)))
+#endif
 }
 
 /* The gradient through relu(x) * m from its output Y: where y > 0 the mask was SCALE, so grad * SCALE
@@ -85,5 +106,12 @@ void qk_dropout_backward(int dtype, const void *grad, const uint8_t *kept, void 
  * NaN activations at its finite-gradient check either way. */
 void qk_relu_dropout_backward(int dtype, const void *grad, const void *y, void *out, int64_t n, float scale,
                               int threads) {
+#if QK_AVX512
+    FOR_CHUNKS({
+        __mmask16 positive = _mm512_cmp_ps_mask(vload(DT, y, i, k, zero), zero, _CMP_NLE_UQ); /* not y <= 0 */
+        vstore(DT, out, i, k, _mm512_maskz_mul_ps(positive, vload(DT, grad, i, k, zero), _mm512_set1_ps(scale)));
+    })
+#else
     FOR_EACH(store(out, DT, i, load(y, DT, i) <= 0.0f ? 0.0f : load(grad, DT, i) * scale))
+#endif
 }

@@ -22,6 +22,7 @@
 
 #include "common.h"
 #include "pcg.h"
+#include "simd.h"
 
 #define BLOCK 64
 _Static_assert(BLOCK % ROWS == 0, "the backward's sums end ROWS rows at a time within a block");
@@ -77,6 +78,59 @@ void qk_dropout_add_norm_forward(int dtype, const void *restrict y, const void *
     free(draw);
 }
 
+#if QK_AVX512
+/* The backward's rows ROW0..END (the scalar loops' arithmetic, 16 values at a time; D a multiple of 16, so that
+ * ADD_TO_LANES has no tail): dx (and dy), and their terms added to PW and PB. */
+static inline void rows_backward16(int DT, const void *restrict dh, const void *restrict x, const float *restrict mean,
+                                   const float *restrict r, const void *restrict w, const void *restrict gx,
+                                   const uint8_t *restrict kept, float scale, void *restrict dx, void *restrict dy,
+                                   float *restrict pw, float *restrict pb, int64_t row0, int64_t end, int64_t d) {
+    const __mmask16 all = 0xffff;
+    const __m512 zero = _mm512_setzero_ps(), vscale = _mm512_set1_ps(scale);
+    for (int64_t first = row0; first < end; first += ROWS) {
+        int64_t nr = end - first < ROWS ? end - first : ROWS;
+        __m512 acc_a[ROWS], acc_c[ROWS];
+        float as[ROWS], cs[ROWS];
+        for (int64_t q = 0; q < ROWS; q++) {
+            acc_a[q] = acc_c[q] = zero;
+            if (q >= nr)
+                continue;
+            int64_t o = (first + q) * d;
+            __m512 m = _mm512_set1_ps(mean[first + q]), ri = _mm512_set1_ps(r[first + q]);
+            for (int64_t j = 0; j < d; j += 16) {
+                __m512 g = _mm512_mul_ps(vload(DT, dh, o + j, all, zero), vload(DT, w, j, all, zero));
+                __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(vload(DT, x, o + j, all, zero), m), ri);
+                acc_a[q] = _mm512_add_ps(acc_a[q], g);
+                acc_c[q] = _mm512_add_ps(acc_c[q], _mm512_mul_ps(g, xhat));
+            }
+        }
+        vlane_sums(acc_a, as);
+        vlane_sums(acc_c, cs);
+        for (int64_t q = 0; q < nr; q++) {
+            int64_t o = (first + q) * d;
+            __m512 m = _mm512_set1_ps(mean[first + q]), ri = _mm512_set1_ps(r[first + q]);
+            __m512 a = _mm512_set1_ps(as[q] / (float)d), c = _mm512_set1_ps(cs[q] / (float)d);
+            for (int64_t j = 0; j < d; j += 16) {
+                __m512 vdh = vload(DT, dh, o + j, all, zero), xm = _mm512_sub_ps(vload(DT, x, o + j, all, zero), m);
+                __m512 t = _mm512_sub_ps(_mm512_sub_ps(_mm512_mul_ps(vdh, vload(DT, w, j, all, zero)), a),
+                                         _mm512_mul_ps(_mm512_mul_ps(xm, ri), c));
+                __m512 v = _mm512_mul_ps(ri, t);
+                if (kept == NULL) {
+                    vstore(DT, dx, o + j, all, v);
+                } else {
+                    __m512 sum = vround_to(DT, _mm512_add_ps(vload(DT, gx, o + j, all, zero), vround_to(DT, v)));
+                    __mmask16 k = _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(kept + o + j)), _mm_set1_epi8(-1));
+                    vstore(DT, dx, o + j, all, sum);
+                    vstore(DT, dy, o + j, all, _mm512_mul_ps(sum, _mm512_maskz_mov_ps(k, vscale)));
+                }
+                _mm512_storeu_ps(pw + j, _mm512_add_ps(_mm512_loadu_ps(pw + j), _mm512_mul_ps(vdh, _mm512_mul_ps(xm, ri))));
+                _mm512_storeu_ps(pb + j, _mm512_add_ps(_mm512_loadu_ps(pb + j), vdh));
+            }
+        }
+    }
+}
+#endif
+
 /* The backward of both (KEPT NULL: LayerNorm alone, GX unread, DY unwritten). */
 void qk_layer_norm_backward(int dtype, const void *restrict dh, const void *restrict x, const float *restrict mean,
                             const float *restrict r, const void *restrict w, const void *restrict gx,
@@ -90,6 +144,12 @@ void qk_layer_norm_backward(int dtype, const void *restrict dh, const void *rest
             float *restrict pw = partial + 2 * block * d, *restrict pb = pw + d;
             int64_t end = (block + 1) * BLOCK < rows ? (block + 1) * BLOCK : rows;
             float as[ROWS], cs[ROWS];
+#if QK_AVX512
+            if (d % 16 == 0) {
+                rows_backward16(DT, dh, x, mean, r, w, gx, kept, scale, dx, dy, pw, pb, block * BLOCK, end, d);
+                continue;
+            }
+#endif
             for (int64_t row = block * BLOCK; row < end; row++) {
                 int64_t o = row * d, q = (row - block * BLOCK) % ROWS;
                 if (q == 0) {

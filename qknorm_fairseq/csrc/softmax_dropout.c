@@ -19,6 +19,7 @@
 
 #include "common.h"
 #include "pcg.h"
+#include "simd.h"
 
 static inline float exp_nonpositive(float v) {
     /* e^v for v <= 0, -inf or NaN */
@@ -69,6 +70,78 @@ static inline void exponentials(int dtype, const void *scores, const void *mask,
         e[j] = exp_nonpositive(e[j] - max);
 }
 
+#if QK_AVX512
+/* exp_nonpositive, 16 lanes: the same operations, so the same bits */
+static inline __m512 vexp_nonpositive(__m512 v) {
+    __m512 floor_ = _mm512_set1_ps(-87.0f), big = _mm512_set1_ps(12582912.0f);
+    __mmask16 low = _mm512_cmp_ps_mask(v, floor_, _CMP_LT_OQ);
+    __m512 c = _mm512_mask_mov_ps(v, low, floor_);
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)), big), big);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), c));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i two_n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~low, p, _mm512_castsi512_ps(two_n));
+}
+
+/* The forward of NR <= ROWS rows of S scores from element O (the scalar loops' arithmetic, 16 keys at a time):
+ * MO the rows' offsets in MASK, E (NR x PADDED floats) their exponentials, DRAW their draws. */
+static inline void rows_forward16(int DT, const void *scores, const void *mask, const int64_t *mo, int64_t o,
+                                  int64_t nr, int64_t s, int64_t padded, float *e, void *y, void *out, uint8_t *kept,
+                                  const int16_t *draw, int threshold, float scale) {
+    __m512 acc[ROWS], minus_inf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    for (int64_t q = 0; q < nr; q++) {
+        float *eq = e + q * padded;
+        __m512 max = minus_inf;
+        for (int64_t j = 0; j < padded; j += 16) {
+            __mmask16 k = first_lanes(s - j);
+            __m512 x = vload(DT, scores, o + q * s + j, k, minus_inf);
+            if (mask)
+                x = _mm512_add_ps(x, vload(DT, mask, mo[q] + j, k, zero));
+            max = _mm512_max_ps(x, max); /* x > max ? x : max, as row_max */
+            _mm512_storeu_ps(eq + j, x);
+        }
+        __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+        acc[q] = zero;
+        for (int64_t j = 0; j < padded; j += 16) {
+            __m512 x = vexp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(eq + j), m));
+            acc[q] = _mm512_add_ps(acc[q], x);
+            _mm512_storeu_ps(eq + j, x);
+        }
+    }
+    for (int64_t q = nr; q < ROWS; q++)
+        acc[q] = zero;
+    float sums[ROWS];
+    vlane_sums(acc, sums);
+    __m512 kept_scale = _mm512_set1_ps(scale);
+    __m512i limit = _mm512_set1_epi32(threshold); /* 32 bits: 32768 (keep 1) keeps every unit */
+    for (int64_t q = 0; q < nr; q++) {
+        const float *eq = e + q * padded;
+        int64_t oq = o + q * s;
+        __m512 inv = _mm512_set1_ps(1.0f / sums[q]);
+        for (int64_t j = 0; j < s; j += 16) {
+            __mmask16 k = first_lanes(s - j);
+            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(eq + j), inv);
+            if (out) {
+                p = vround_to(DT, p);
+                __m512i d = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(k, draw + q * s + j));
+                __mmask16 drawn = _mm512_mask_cmplt_epi32_mask(k, d, limit);
+                vstore(DT, y, oq + j, k, p);
+                vstore(DT, out, oq + j, k, _mm512_mul_ps(p, _mm512_maskz_mov_ps(drawn, kept_scale)));
+                _mm_mask_storeu_epi8(kept + oq + j, k, _mm_maskz_set1_epi8(drawn, 1));
+            } else {
+                vstore(DT, y, oq + j, k, p);
+            }
+        }
+    }
+}
+#endif
+
 /* Rows taken at a time (ROWS_LANE_SUM) for rows of WIDTH floats: ROWS, fewer where they would pass 64 KiB on
  * the thread's stack. */
 static inline int64_t rows_at_a_time(int64_t width) {
@@ -93,9 +166,9 @@ void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask,
         int16_t draw[out ? block * s : 1];
         int64_t i2 = first % d2, i1 = first / d2 % d1, i0 = first / d2 / d1; /* the row's index */
         for (int64_t r0 = first; r0 < last; r0 += block) {
-            int64_t nr = last - r0 < block ? last - r0 : block;
+            int64_t nr = last - r0 < block ? last - r0 : block, mo[block];
             for (int64_t q = 0; q < nr; q++) {
-                exponentials(DT, scores, mask, (r0 + q) * s, i0 * m0 + i1 * m1 + i2 * m2, s, padded, e + q * padded);
+                mo[q] = i0 * m0 + i1 * m1 + i2 * m2;
                 if (++i2 == d2) {
                     i2 = 0;
                     if (++i1 == d1) {
@@ -104,9 +177,15 @@ void qk_softmax_dropout_forward(int dtype, const void *scores, const void *mask,
                     }
                 }
             }
-            ROWS_LANE_SUM(nr, padded, e[q * padded + j], sums);
             if (out)
                 draws_next(&stream, draw, nr * s);
+#if QK_AVX512
+            rows_forward16(DT, scores, mask, mo, r0 * s, nr, s, padded, e, y, out, kept, draw, threshold, scale);
+            continue;
+#endif
+            for (int64_t q = 0; q < nr; q++)
+                exponentials(DT, scores, mask, (r0 + q) * s, mo[q], s, padded, e + q * padded);
+            ROWS_LANE_SUM(nr, padded, e[q * padded + j], sums);
             for (int64_t q = 0; q < nr; q++) {
                 int64_t o = (r0 + q) * s;
                 const float *eq = e + q * padded;

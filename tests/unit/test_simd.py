@@ -1,0 +1,130 @@
+"""The AVX-512 forms of the C loops (csrc/simd.h: the attention softmax's forward, LayerNorm's backward, the
+dropouts' backwards) give the bits of their portable C (the same source built with -DQK_PORTABLE), on fp32 and
+bf16, odd widths and row counts, masked keys, whole rows masked, NaN and infinite inputs, one or two threads."""
+import pytest
+import torch
+
+from qknorm_fairseq import fast_dropout, fused_kernels, native
+
+
+def _avx512():
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return {"avx512f", "avx512bw", "avx512vl"} <= set(flags)
+
+
+pytestmark = [pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels"),
+              pytest.mark.skipif(not _avx512(), reason="no AVX-512 on this CPU: both builds are the portable loops")]
+
+
+def both(name, function, signature_library):
+    """NAME's FUNCTION from the machine's build and from the portable build, with the module's signature"""
+    reference = getattr(signature_library(), function)
+    out = []
+    for portable in (False, True):
+        f = getattr(native.load(name, portable=portable), function)
+        f.argtypes, f.restype = reference.argtypes, reference.restype
+        out.append(f)
+    return out
+
+
+def bits(t):
+    return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.uint8: torch.uint8}[t.dtype])
+
+
+def softmax_forward(f, scores, mask, p, threads):
+    y = torch.empty_like(scores)
+    out = torch.empty_like(scores) if p else None
+    kept = torch.zeros(scores.shape, dtype=torch.uint8) if p else None
+    strides = (0, 0, 0) if mask is None else mask.expand(scores.shape).stride()[:3]
+    keep = 1.0 - p
+    f(native.DTYPES[scores.dtype], scores.data_ptr(), None if mask is None else mask.data_ptr(), *strides,
+      y.data_ptr(), None if out is None else out.data_ptr(), None if kept is None else kept.data_ptr(),
+      *scores.shape, 12345, 678, 91011, 1213, fast_dropout.threshold(keep), fast_dropout.scale(keep, scores.dtype),
+      threads)
+    return [t for t in (y, out, kept) if t is not None]
+
+
+def masks(kind, shape, dtype):
+    b, _, t, s = shape
+    if kind == "pad":
+        mask = torch.zeros(b, 1, 1, s, dtype=dtype)
+        mask[..., s // 2 + 1:] = float("-inf")
+        return mask
+    if kind == "causal":
+        return torch.triu(torch.full((t, s), float("-inf")), 1).to(dtype)
+    if kind == "first sentence masked":
+        mask = torch.zeros(b, 1, 1, s, dtype=dtype)
+        mask[0] = float("-inf")
+        return mask
+    return None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 5, 7), (3, 2, 4, 16), (2, 4, 17, 17), (5, 4, 55, 55),
+                                   (1, 2, 9, 100), (1, 1, 3, 1100)])
+def test_softmax_dropout_forward_is_the_portable_loops_bit_for_bit(dtype, shape):
+    fast, portable = both("softmax_dropout", "qk_softmax_dropout_forward", fused_kernels._softmax_library)
+    g = torch.Generator().manual_seed(sum(shape))
+    for kind in ("none", "pad", "causal", "first sentence masked"):
+        scores = (torch.randn(shape, generator=g) * 3).to(dtype)
+        if kind == "first sentence masked":
+            flat = scores.view(-1)
+            flat[::7], flat[3::11], flat[5::13] = float("nan"), float("-inf"), -1000.0
+        mask = masks(kind, shape, dtype)
+        for p in (0.0, 0.1, 0.6, 1e-6):  # 1e-6: a threshold of 32768, every unit kept
+            for threads in (1, 2):
+                for a, b in zip(softmax_forward(fast, scores, mask, p, threads),
+                                softmax_forward(portable, scores, mask, p, threads)):
+                    assert torch.equal(bits(a), bits(b)), (kind, p, threads)
+
+
+def layer_norm_backward(f, dtype, rows, d, dropout, threads, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, dh, gx = (torch.randn(rows, d, generator=g).to(dtype) for _ in range(3))
+    if rows > 5:
+        x[3, 2], dh[4, 1] = float("nan"), float("inf")
+    w = torch.randn(d, generator=g).to(dtype)
+    mean, r = torch.randn(rows, generator=g), torch.rand(rows, generator=g) + 0.5
+    kept = (torch.rand(rows, d, generator=g) < 0.8).to(torch.uint8)
+    dx, dy = torch.zeros_like(x), torch.zeros_like(x)
+    dw, db = torch.empty_like(w), torch.empty_like(w)
+    f(native.DTYPES[dtype], dh.data_ptr(), x.data_ptr(), mean.data_ptr(), r.data_ptr(), w.data_ptr(),
+      gx.data_ptr() if dropout else None, kept.data_ptr() if dropout else None, 1.25, dx.data_ptr(),
+      dy.data_ptr() if dropout else None, dw.data_ptr(), db.data_ptr(), rows, d, threads)
+    return dx, dy, dw, db
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, d", [(1, 16), (17, 48), (100, 256), (333, 512), (37, 20)])
+def test_layer_norm_backward_is_the_portable_loops_bit_for_bit(dtype, rows, d):
+    fast, portable = both("layer_norm", "qk_layer_norm_backward", fused_kernels._layer_norm_library)
+    for dropout in (False, True):
+        for threads in (1, 2):
+            seed = rows * 1000 + d
+            for a, b in zip(layer_norm_backward(fast, dtype, rows, d, dropout, threads, seed),
+                            layer_norm_backward(portable, dtype, rows, d, dropout, threads, seed)):
+                assert torch.equal(bits(a), bits(b)), (dropout, threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("function", ["qk_relu_dropout_backward", "qk_dropout_backward"])
+def test_dropout_backwards_are_the_portable_loops_bit_for_bit(dtype, function):
+    fast, portable = both("fast_dropout", function, fast_dropout.library)
+    g = torch.Generator().manual_seed(len(function))
+    for n in (1, 15, 17, 1000, 40000):
+        grad = torch.randn(n, generator=g).to(dtype)
+        grad[3::11], grad[4::13] = float("inf"), float("nan")
+        if function == "qk_relu_dropout_backward":  # the saved output: NaN, 0 and -0 among them
+            saved = torch.randn(n, generator=g).to(dtype)
+            saved[::5], saved[1::7], saved[2::9] = float("nan"), 0.0, -0.0
+        else:  # the kept units
+            saved = (torch.rand(n, generator=g) < 0.7).to(torch.uint8)
+        outs = []
+        for f in (fast, portable):
+            out = torch.full_like(grad, 3.0)
+            f(native.DTYPES[dtype], grad.data_ptr(), saved.data_ptr(), out.data_ptr(), n, 1.25, 2)
+            outs.append(out)
+        assert torch.equal(bits(outs[0]), bits(outs[1])), n
