@@ -22,7 +22,7 @@ enum { MUL = 0, ADD = 1, RELU = 2 }; /* x * m, residual + x * m, relu(x) * m */
 
 /* BODY on each block of N elements, the block's draws in DRAW, on THREADS threads (a variable of the
  * caller), each on its share of the blocks [first, last) of the stream at STATE. */
-#define FOR_BLOCKS(N, BODY)                                                       \
+#define FOR_BLOCKS(N, ...)                                                       \
     int64_t nblocks_ = ((N) + BLOCK - 1) / BLOCK;                                          \
     _Pragma("omp parallel num_threads(threads)") {                                       \
         int nt_ = omp_get_num_threads(), t_ = omp_get_thread_num();                        \
@@ -33,7 +33,7 @@ enum { MUL = 0, ADD = 1, RELU = 2 }; /* x * m, residual + x * m, relu(x) * m */
         for (int64_t b_ = first; b_ < last; b_++) {                                        \
             pcg_words(&s_, inc, words, BLOCK / 4);                                         \
             int64_t off = b_ * BLOCK, len = (N) - off < BLOCK ? (N) - off : BLOCK;         \
-            BODY                                                                           \
+            __VA_ARGS__                                                                    \
         }                                                                                  \
     }
 
@@ -54,6 +54,27 @@ void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
         }                                                                 \
     }))
 
+#if QK_AVX512
+/* FOR_DRAWS on bf16 (DT), 16 elements at a time: J the first, K those in the block, DRAWN those kept, M their mask's
+ * values. (On fp32 the compiler's loops run as fast: memory-bound.) */
+#define FOR_DRAWS16_BF16(...)                                                                  \
+    {                                                                                          \
+        const int DT = BF16;                                                                   \
+        FOR_BLOCKS(n, {                                                                        \
+            __m512 zero = _mm512_setzero_ps(), kept_scale = _mm512_set1_ps(scale);              \
+            __m512i limit = _mm512_set1_epi32(threshold); /* 32 bits: 32768 (keep 1) keeps all */ \
+            for (int64_t i = 0; i < len; i += 16) {                                            \
+                int64_t j = off + i;                                                           \
+                __mmask16 k = first_lanes(len - i);                                            \
+                __m512i d = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(k, draw + i));      \
+                __mmask16 drawn = _mm512_mask_cmplt_epi32_mask(k, d, limit);                   \
+                __m512 m = _mm512_maskz_mov_ps(drawn, kept_scale);                             \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        })                                                                                     \
+    }
+#endif
+
 /* BODY for each element i < N, on THREADS threads. */
 #define FOR_EACH(BODY)                                                    \
     BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)") \
@@ -61,14 +82,14 @@ void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
 
 #if QK_AVX512
 /* BODY for each 16 elements from i < N (K: those below N; ZERO: a vector of zeros), on THREADS threads. */
-#define FOR_CHUNKS(BODY)                                                                         \
+#define FOR_CHUNKS(...)                                                                         \
     int64_t chunks_ = (n + 15) / 16;                                                             \
     BY_DTYPE(_Pragma("omp parallel for num_threads(threads) schedule(static)")                   \
              for (int64_t c_ = 0; c_ < chunks_; c_++) {                                           \
                  int64_t i = 16 * c_;                                                             \
                  __mmask16 k = first_lanes(n - i);                                                \
                  __m512 zero = _mm512_setzero_ps();                                               \
-                 BODY                                                                             \
+                 __VA_ARGS__                                                                          \
              })
 #endif
 
@@ -79,6 +100,22 @@ static inline float relu(float v) { return v <= 0.0f ? 0.0f : v; } /* NaN stays 
 void qk_dropout_forward(int kind, int dtype, const void *x, const void *residual, void *y, uint8_t *kept, int64_t n,
                         STATE_ARGS, int threshold, float scale, int threads) {
     STATE_INIT
+#if QK_AVX512
+    if (dtype == BF16) {
+        FOR_DRAWS16_BF16({
+            __m512 v = vload(DT, x, j, k, zero);
+            if (kind == RELU) {
+                v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LE_OQ), zero); /* relu */
+            } else {
+                _mm_mask_storeu_epi8(kept + j, k, _mm_maskz_set1_epi8(drawn, 1));
+                if (kind == ADD) /* addmul on bf16 */
+                    v = _mm512_add_ps(vload(DT, residual, j, k, zero), _mm512_mul_ps(v, m));
+            }
+            vstore(DT, y, j, k, kind == ADD ? v : _mm512_mul_ps(v, m));
+        })
+        return;
+    }
+#endif
     if (kind == RELU) {
         FOR_DRAWS(store(y, DT, j, relu(load(x, DT, j)) * m))
     } else if (kind == ADD) {

@@ -140,6 +140,52 @@ static inline void rows_forward16(int DT, const void *scores, const void *mask, 
         }
     }
 }
+
+/* G, the gradient of the softmax's output (the dropout's undone), for lanes K of the 16 elements from I */
+static inline __m512 vgradient(int DT, const void *grad, const uint8_t *kept, int64_t i, __mmask16 k, float scale) {
+    __m512 g = vload(DT, grad, i, k, _mm512_setzero_ps());
+    if (!kept)
+        return g;
+    __mmask16 m = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(k, kept + i), _mm_set1_epi8(-1));
+    return _mm512_mul_ps(g, _mm512_maskz_mov_ps(m, _mm512_set1_ps(scale)));
+}
+
+/* The backward of NR <= ROWS rows of S from element O (the scalar loops' arithmetic, 16 keys at a time; a row's
+ * tail past its last 16 added to lane 0 one at a time, as ADD_TO_LANES adds it). */
+static inline void rows_backward16(int DT, const void *grad, const void *y, const uint8_t *kept, void *dx, int64_t o,
+                                   int64_t nr, int64_t s, float scale) {
+    __m512 acc[ROWS], zero = _mm512_setzero_ps();
+    int64_t full = s / 16 * 16;
+    for (int64_t q = 0; q < ROWS; q++) {
+        acc[q] = zero;
+        if (q >= nr)
+            continue;
+        int64_t oq = o + q * s;
+        for (int64_t j = 0; j < full; j += 16)
+            acc[q] = _mm512_add_ps(acc[q], _mm512_mul_ps(vload(DT, y, oq + j, 0xffff, zero),
+                                                         vgradient(DT, grad, kept, oq + j, 0xffff, scale)));
+        if (full < s) {
+            __mmask16 k = first_lanes(s - full);
+            float terms[16], lane0 = _mm512_cvtss_f32(acc[q]);
+            _mm512_storeu_ps(terms, _mm512_mul_ps(vload(DT, y, oq + full, k, zero),
+                                                  vgradient(DT, grad, kept, oq + full, k, scale)));
+            for (int64_t j = 0; j < s - full; j++)
+                lane0 += terms[j];
+            acc[q] = _mm512_mask_mov_ps(acc[q], 1, _mm512_set1_ps(lane0));
+        }
+    }
+    float dots[ROWS];
+    vlane_sums(acc, dots);
+    for (int64_t q = 0; q < nr; q++) {
+        int64_t oq = o + q * s;
+        __m512 dot = _mm512_set1_ps(dots[q]);
+        for (int64_t j = 0; j < s; j += 16) {
+            __mmask16 k = first_lanes(s - j);
+            __m512 g = vgradient(DT, grad, kept, oq + j, k, scale);
+            vstore(DT, dx, oq + j, k, _mm512_mul_ps(vload(DT, y, oq + j, k, zero), _mm512_sub_ps(g, dot)));
+        }
+    }
+}
 #endif
 
 /* Rows taken at a time (ROWS_LANE_SUM) for rows of WIDTH floats: ROWS, fewer where they would pass 64 KiB on
@@ -217,6 +263,10 @@ void qk_softmax_dropout_backward(int dtype, const void *grad, const void *y, con
         _Pragma("omp for schedule(static)")
         for (int64_t b = 0; b < blocks; b++) {
             int64_t r0 = b * block, nr = rows - r0 < block ? rows - r0 : block, o = r0 * s;
+#if QK_AVX512
+            rows_backward16(DT, grad, y, kept, dx, o, nr, s, scale);
+            continue;
+#endif
             /* the mask's value as a product, not a choice: compiled as a branch on a random byte it
              * mispredicts on every other unit, and the loop took twice as long */
             for (int64_t j = 0; j < nr * s; j++)

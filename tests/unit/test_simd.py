@@ -1,5 +1,5 @@
-"""The AVX-512 forms of the C loops (csrc/simd.h: the attention softmax's forward, LayerNorm's backward, the
-dropouts' backwards) give the bits of their portable C (the same source built with -DQK_PORTABLE), on fp32 and
+"""The AVX-512 forms of the C loops (csrc/simd.h: the attention softmax, LayerNorm's backward, the
+dropouts) give the bits of their portable C (the same source built with -DQK_PORTABLE), on fp32 and
 bf16, odd widths and row counts, masked keys, whole rows masked, NaN and infinite inputs, one or two threads."""
 import pytest
 import torch
@@ -31,6 +31,10 @@ def both(name, function, signature_library):
 
 
 def bits(t):
+    """T's bits, every NaN as one (which of two NaN operands an fp32 operation passes on, and so the sign and
+    payload of its NaN, follows the order the compiler put them in; bf16 rounds every NaN to 0x7fc0)"""
+    if t.is_floating_point():
+        t = t.masked_fill(t.isnan(), float("nan"))
     return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.uint8: torch.uint8}[t.dtype])
 
 
@@ -128,3 +132,42 @@ def test_dropout_backwards_are_the_portable_loops_bit_for_bit(dtype, function):
             f(native.DTYPES[dtype], grad.data_ptr(), saved.data_ptr(), out.data_ptr(), n, 1.25, 2)
             outs.append(out)
         assert torch.equal(bits(outs[0]), bits(outs[1])), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", [0, 1, 2])  # fast_dropout.c's MUL, ADD, RELU
+def test_dropout_forwards_are_the_portable_loops_bit_for_bit(dtype, kind):
+    fast, portable = both("fast_dropout", "qk_dropout_forward", fast_dropout.library)
+    g = torch.Generator().manual_seed(kind)
+    for n in (1, 15, 17, 1025, 5000):
+        x, residual = torch.randn(n, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
+        x[::5], x[1::7], x[2::9], x[3::11], residual[4::13] = float("nan"), 0.0, -0.0, float("inf"), float("-inf")
+        for keep in (0.9, 0.6, 1 - 1e-6):
+            outs = []
+            for f in (fast, portable):
+                y, kept = torch.full_like(x, 3.0), torch.full((n,), 7, dtype=torch.uint8)
+                f(kind, native.DTYPES[dtype], x.data_ptr(), residual.data_ptr(), y.data_ptr(), kept.data_ptr(), n,
+                  11, 22, 33, 45, fast_dropout.threshold(keep), fast_dropout.scale(keep, dtype), 2)
+                outs.append((y, kept))
+            assert torch.equal(bits(outs[0][0]), bits(outs[1][0])), (n, keep)
+            assert kind == 2 or torch.equal(outs[0][1], outs[1][1]), (n, keep)  # ReLU's keeps no units
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("s", [1, 7, 16, 17, 55, 100, 1100])
+def test_softmax_dropout_backward_is_the_portable_loops_bit_for_bit(dtype, s):
+    fast, portable = both("softmax_dropout", "qk_softmax_dropout_backward", fused_kernels._softmax_library)
+    g = torch.Generator().manual_seed(s)
+    for rows in (1, 5, 16, 37):
+        grad, y = torch.randn(rows, s, generator=g).to(dtype), torch.rand(rows, s, generator=g).to(dtype)
+        grad.view(-1)[3::11], grad.view(-1)[4::13] = float("inf"), float("nan")
+        kept = (torch.rand(rows, s, generator=g) < 0.7).to(torch.uint8)
+        for dropout in (False, True):
+            for threads in (1, 2):
+                outs = []
+                for f in (fast, portable):
+                    dx = torch.full_like(grad, 3.0)
+                    f(native.DTYPES[dtype], grad.data_ptr(), y.data_ptr(), kept.data_ptr() if dropout else None,
+                      dx.data_ptr(), rows, s, 1.25, threads)
+                    outs.append(dx)
+                assert torch.equal(bits(outs[0]), bits(outs[1])), (rows, dropout, threads)
