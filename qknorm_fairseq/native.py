@@ -105,22 +105,36 @@ def load(name, portable=False):
     return ctypes.CDLL(str(lib))
 
 
-_kernels = {}  # name -> the library with its signatures set, or None: what kernels() returned
+_kernels = {}  # (name, portable) -> the library with its signatures set, or None: what kernels() returned
+_portable = False
 
 
 def kernels(name, signatures, flag, instead):
-    """load(NAME) with each function's (argtypes, restype) from SIGNATURES; where it cannot be built,
-    None, and one warning naming FLAG and what runs INSTEAD."""
-    if name not in _kernels:
+    """load(NAME) with each function's (argtypes, restype) from SIGNATURES (within portable_loops(), its
+    portable build); where it cannot be built, None, and one warning naming FLAG and what runs INSTEAD."""
+    key = (name, _portable)
+    if key not in _kernels:
         try:
-            lib = load(name)
+            lib = load(name, portable=_portable)
             for function, (args, result) in signatures.items():
                 getattr(lib, function).argtypes, getattr(lib, function).restype = args, result
         except NativeError as e:
             logger.warning(f"{flag}: {e}; {instead} (docs/performance.md)")
             lib = None
-        _kernels[name] = lib
-    return _kernels[name]
+        _kernels[key] = lib
+    return _kernels[key]
+
+
+@contextlib.contextmanager
+def portable_loops():
+    """Within it, the C kernels are their portable builds (load's PORTABLE): how the benchmark times the
+    AVX-512 loops against them."""
+    global _portable
+    before, _portable = _portable, True
+    try:
+        yield
+    finally:
+        _portable = before
 
 
 def forget():

@@ -9,7 +9,8 @@ hand-written backward against autograd's); --fast-dropout's dropout (p = 0.4) on
 C loop against its path through torch's ops and that against torch's dropout, and its ReLU with
 dropout, C loop against torch's ops; and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
 heads, 24, dim / heads), each in fp32 and bf16; --fused-kernels' attention softmax with its dropout
-(bf16 scores (tokens / 24, heads, 24, 24)), C loop against torch's ops; --fused-loss's label-smoothed loss against the
+(bf16 scores (tokens / 24, heads, 24, 24)), C loop against torch's ops; the C loops with AVX-512 forms (the
+softmax's, the dropouts', LayerNorm's on (tokens, dim)) against their portable builds; --fused-loss's label-smoothed loss against the
 criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab); --fused-kernels' compiled
 normalisation (bf16, p = 2) and loss against their eager paths, and torch's dropout through
 torch.compile against --fast-dropout's, where a C++ compiler is found (the compiling falls in the
@@ -69,6 +70,12 @@ def run(opts):
                 return fn(x)
         return run
 
+    def portable(fn):  # the C loops' portable builds (no AVX-512 forms)
+        def run(x):
+            with native.portable_loops():
+                return fn(x)
+        return run
+
     relu_dropout = FastDropout(0.4).relu
     for tag, dtype in (("fp32", f32), ("bf16", bf16)):
         cases += [(f"torch dropout {tag}", lambda x: torch.nn.functional.dropout(x, 0.4), None, (opts.tokens, 4 * d), dtype),
@@ -82,10 +89,25 @@ def run(opts):
                   (f"matmul attention {tag}", matmul_attention, f"sdpa attention {tag}",
                    (sentences, opts.heads, 24, hd), dtype)]
     if native.compiler() is not None:  # --fused-kernels' attention softmax and its dropout, one C loop each way
+        ones = torch.ones(d, dtype=bf16)
+
+        def softmax_dropout(x):
+            return fused_kernels.softmax_dropout(x, None, 0.4)
+
+        def layer_norm(x):
+            return fused_kernels.layer_norm(x, ones, ones, 1e-5)
+
         cases += [("softmax dropout, torch's ops bf16", without_c(lambda x: fast_dropout(torch.softmax(x, -1), 0.4)),
                    None, (sentences, opts.heads, 24, 24), bf16),
-                  ("softmax dropout bf16", lambda x: fused_kernels.softmax_dropout(x, None, 0.4),
-                   "softmax dropout, torch's ops bf16", (sentences, opts.heads, 24, 24), bf16)]
+                  ("softmax dropout bf16", softmax_dropout, "softmax dropout, torch's ops bf16",
+                   (sentences, opts.heads, 24, 24), bf16),
+                  ("layer norm loop bf16", layer_norm, None, (opts.tokens, d), bf16)]
+        # the C loops with AVX-512 forms (csrc/simd.h) against their portable builds: the same bits
+        for name, fn, shape in (("softmax dropout bf16", softmax_dropout, (sentences, opts.heads, 24, 24)),
+                                ("fast_dropout bf16", lambda x: fast_dropout(x, 0.4), (opts.tokens, 4 * d)),
+                                ("relu dropout bf16", relu_dropout, (opts.tokens, 4 * d)),
+                                ("layer norm loop bf16", layer_norm, (opts.tokens, d))):
+            cases.append((f"{name}, portable C", portable(fn), name, shape, bf16))
     target = torch.randint(4, opts.vocab, (opts.tokens,), generator=torch.Generator().manual_seed(0))
     every = torch.ones(opts.vocab, dtype=torch.bool)
     cases += [("log_softmax loss bf16", lambda x: masked_label_smoothed_nll_loss(

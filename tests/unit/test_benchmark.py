@@ -73,7 +73,9 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                      *(["compiled torch dropout bf16", "fused_kernels loss bf16", "fused_kernels lp_normalize p=2 bf16, compiled",
                         "fused_kernels lp_normalize p=2 bf16"]
                        if compiler else []),
-                     *(["softmax dropout, torch's ops bf16", "softmax dropout bf16"] if native.compiler() else [])}
+                     *(["softmax dropout, torch's ops bf16", "softmax dropout bf16", "layer norm loop bf16",
+                        *(f"{k} bf16, portable C" for k in ("softmax dropout", "fast_dropout", "relu dropout",
+                                                             "layer norm loop"))] if native.compiler() else [])}
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
     md = out.with_suffix(".md").read_text()
     assert md in capsys.readouterr().out
@@ -81,6 +83,9 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
     assert row[-1] == "vector_norm p=4 |"
     ratio = statistics.median(times["lp_normalize p=4", True]) / statistics.median(times["vector_norm p=4", True])
     assert row[4] == f"{ratio:.2f}"
+    if native.compiler():  # the C loops' portable builds, each against the machine's
+        row = next(line for line in md.splitlines() if line.startswith("| softmax dropout bf16, portable C |"))
+        assert row.endswith("| softmax dropout bf16 |")
 
 
 def test_command_line_exits_0_with_its_table(tmp_path):

@@ -19,15 +19,11 @@ pytestmark = [pytest.mark.skipif(native.compiler() is None, reason="no C compile
               pytest.mark.skipif(not _avx512(), reason="no AVX-512 on this CPU: both builds are the portable loops")]
 
 
-def both(name, function, signature_library):
-    """NAME's FUNCTION from the machine's build and from the portable build, with the module's signature"""
-    reference = getattr(signature_library(), function)
-    out = []
-    for portable in (False, True):
-        f = getattr(native.load(name, portable=portable), function)
-        f.argtypes, f.restype = reference.argtypes, reference.restype
-        out.append(f)
-    return out
+def both(function, library):
+    """FUNCTION of LIBRARY (a module's loader of a C library) as built for this machine and as its portable build"""
+    fast = getattr(library(), function)
+    with native.portable_loops():
+        return fast, getattr(library(), function)
 
 
 def bits(t):
@@ -70,7 +66,7 @@ def masks(kind, shape, dtype):
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 5, 7), (3, 2, 4, 16), (2, 4, 17, 17), (5, 4, 55, 55),
                                    (1, 2, 9, 100), (1, 1, 3, 1100)])
 def test_softmax_dropout_forward_is_the_portable_loops_bit_for_bit(dtype, shape):
-    fast, portable = both("softmax_dropout", "qk_softmax_dropout_forward", fused_kernels._softmax_library)
+    fast, portable = both("qk_softmax_dropout_forward", fused_kernels._softmax_library)
     g = torch.Generator().manual_seed(sum(shape))
     for kind in ("none", "pad", "causal", "first sentence masked"):
         scores = (torch.randn(shape, generator=g) * 3).to(dtype)
@@ -104,7 +100,7 @@ def layer_norm_backward(f, dtype, rows, d, dropout, threads, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows, d", [(1, 16), (17, 48), (100, 256), (333, 512), (37, 20)])
 def test_layer_norm_backward_is_the_portable_loops_bit_for_bit(dtype, rows, d):
-    fast, portable = both("layer_norm", "qk_layer_norm_backward", fused_kernels._layer_norm_library)
+    fast, portable = both("qk_layer_norm_backward", fused_kernels._layer_norm_library)
     for dropout in (False, True):
         for threads in (1, 2):
             seed = rows * 1000 + d
@@ -116,7 +112,7 @@ def test_layer_norm_backward_is_the_portable_loops_bit_for_bit(dtype, rows, d):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("function", ["qk_relu_dropout_backward", "qk_dropout_backward"])
 def test_dropout_backwards_are_the_portable_loops_bit_for_bit(dtype, function):
-    fast, portable = both("fast_dropout", function, fast_dropout.library)
+    fast, portable = both(function, fast_dropout.library)
     g = torch.Generator().manual_seed(len(function))
     for n in (1, 15, 17, 1000, 40000):
         grad = torch.randn(n, generator=g).to(dtype)
@@ -137,7 +133,7 @@ def test_dropout_backwards_are_the_portable_loops_bit_for_bit(dtype, function):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", [0, 1, 2])  # fast_dropout.c's MUL, ADD, RELU
 def test_dropout_forwards_are_the_portable_loops_bit_for_bit(dtype, kind):
-    fast, portable = both("fast_dropout", "qk_dropout_forward", fast_dropout.library)
+    fast, portable = both("qk_dropout_forward", fast_dropout.library)
     g = torch.Generator().manual_seed(kind)
     for n in (1, 15, 17, 1025, 5000):
         x, residual = torch.randn(n, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
@@ -156,7 +152,7 @@ def test_dropout_forwards_are_the_portable_loops_bit_for_bit(dtype, kind):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("s", [1, 7, 16, 17, 55, 100, 1100])
 def test_softmax_dropout_backward_is_the_portable_loops_bit_for_bit(dtype, s):
-    fast, portable = both("softmax_dropout", "qk_softmax_dropout_backward", fused_kernels._softmax_library)
+    fast, portable = both("qk_softmax_dropout_backward", fused_kernels._softmax_library)
     g = torch.Generator().manual_seed(s)
     for rows in (1, 5, 16, 37):
         grad, y = torch.randn(rows, s, generator=g).to(dtype), torch.rand(rows, s, generator=g).to(dtype)
