@@ -15,7 +15,8 @@
  * backward takes the gradient of x from its other readers (GX) beside that of h, and returns their
  * sum (the residual's gradient) and its product with m (y's gradient). Each value is rounded where the
  * unfused loops round it (LayerNorm's dx, the sum, the product), so the bits are those of
- * fast_dropout.c's loops with this file's LayerNorm (tests/unit/test_layer_norm.py).
+ * fast_dropout.c's loops with this file's LayerNorm (tests/unit/test_layer_norm.py). With AVX-512 the
+ * backward runs 16 values at a time (simd.h; rows_backward16) where D is a multiple of 16, the same bits.
  */
 #include <math.h>
 #include <stdlib.h>
