@@ -17,6 +17,7 @@ torch.compile against --fast-dropout's, where a C++ compiler is found (the compi
 warm-up call, outside the times). Prints (and with --out writes OUT.md) the median microseconds per
 call, forward and forward + backward, and the ratio to the reference.
 """
+import contextlib
 import statistics
 import sys
 import time
@@ -70,10 +71,10 @@ def run(opts):
                 return fn(x)
         return run
 
-    def portable(fn):  # the C loops' portable builds (no AVX-512 forms)
+    def portable(fn):  # the C loops' portable builds (no AVX-512 forms), forward and backward (call's context)
         def run(x):
-            with native.portable_loops():
-                return fn(x)
+            return fn(x)
+        run.context = native.portable_loops
         return run
 
     relu_dropout = FastDropout(0.4).relu
@@ -135,7 +136,7 @@ def run(opts):
 
     def call(fn, x, grad):
         x = x.detach().requires_grad_(grad)
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), getattr(fn, "context", contextlib.nullcontext)():
             for _ in range(opts.iters):
                 y = fn(x)
                 if grad:

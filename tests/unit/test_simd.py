@@ -167,3 +167,11 @@ def test_softmax_dropout_backward_is_the_portable_loops_bit_for_bit(dtype, s):
                       dx.data_ptr(), rows, s, 1.25, threads)
                     outs.append(dx)
                 assert torch.equal(bits(outs[0]), bits(outs[1])), (rows, dropout, threads)
+
+
+def test_portable_loops_switch_each_library_only_within_them():
+    fast = fused_kernels._softmax_library()
+    with native.portable_loops():
+        portable = fused_kernels._softmax_library()
+    assert portable is not fast and fused_kernels._softmax_library() is fast
+    assert native.load("softmax_dropout", portable=True)._name != native.load("softmax_dropout")._name
