@@ -13,6 +13,8 @@
 
 #include "common.h"
 
+_Static_assert(ROWS == 16 && LANES == 16, "vlane_sums: a row a lane, a lane an fp32 of one vector");
+
 /* the first N of 16 lanes (N <= 0: none) */
 static inline __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
