@@ -65,6 +65,12 @@ def _cpu():
         return platform.processor()
 
 
+def cpu_flags():
+    """This CPU's instruction-set flags (/proc/cpuinfo's; none where it cannot be read)."""
+    line = _cpu()
+    return line.split(":", 1)[1].split() if line.startswith("flags") else []
+
+
 def inductor_cache():
     """Point torch.compile's cache (TORCHINDUCTOR_CACHE_DIR: the user's, else Inductor's default) at a
     subdirectory for this CPU and vector ISA (ATEN_CPU_CAPABILITY, which Inductor honours too); the

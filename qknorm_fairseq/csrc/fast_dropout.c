@@ -63,12 +63,11 @@ void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
         const int DT = BF16;                                                                   \
         FOR_BLOCKS(n, {                                                                        \
             __m512 zero = _mm512_setzero_ps(), kept_scale = _mm512_set1_ps(scale);              \
-            __m512i limit = _mm512_set1_epi32(threshold); /* 32 bits: 32768 (keep 1) keeps all */ \
+            __m512i limit = _mm512_set1_epi32(threshold);                                      \
             for (int64_t i = 0; i < len; i += 16) {                                            \
                 int64_t j = off + i;                                                           \
                 __mmask16 k = first_lanes(len - i);                                            \
-                __m512i d = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(k, draw + i));      \
-                __mmask16 drawn = _mm512_mask_cmplt_epi32_mask(k, d, limit);                   \
+                __mmask16 drawn = vdrawn(draw + i, k, limit);                                  \
                 __m512 m = _mm512_maskz_mov_ps(drawn, kept_scale);                             \
                 __VA_ARGS__                                                                    \
             }                                                                                  \
@@ -108,7 +107,7 @@ void qk_dropout_forward(int kind, int dtype, const void *x, const void *residual
             if (kind == RELU) {
                 v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LE_OQ), zero); /* relu */
             } else {
-                _mm_mask_storeu_epi8(kept + j, k, _mm_maskz_set1_epi8(drawn, 1));
+                vstore_kept(kept + j, k, drawn);
                 if (kind == ADD) /* addmul on bf16 */
                     v = _mm512_add_ps(vload(DT, residual, j, k, zero), _mm512_mul_ps(v, m));
             }
@@ -130,8 +129,8 @@ void qk_dropout_forward(int kind, int dtype, const void *x, const void *residual
 void qk_dropout_backward(int dtype, const void *grad, const uint8_t *kept, void *out, int64_t n, float scale, int threads) {
 #if QK_AVX512
     FOR_CHUNKS({
-        __mmask16 m = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(k, kept + i), _mm_set1_epi8(-1));
-        vstore(DT, out, i, k, _mm512_mul_ps(vload(DT, grad, i, k, zero), _mm512_maskz_mov_ps(m, _mm512_set1_ps(scale))));
+        __m512 m = _mm512_maskz_mov_ps(vkept(kept + i, k), _mm512_set1_ps(scale));
+        vstore(DT, out, i, k, _mm512_mul_ps(vload(DT, grad, i, k, zero), m));
     })
 #else
     FOR_EACH(store(out, DT, i, load(grad, DT, i) * (kept[i] ? scale : 0.0f)))

@@ -120,9 +120,8 @@ static inline void rows_backward16(int DT, const void *restrict dh, const void *
                     vstore(DT, dx, o + j, all, v);
                 } else {
                     __m512 sum = vround_to(DT, _mm512_add_ps(vload(DT, gx, o + j, all, zero), vround_to(DT, v)));
-                    __mmask16 k = _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(kept + o + j)), _mm_set1_epi8(-1));
                     vstore(DT, dx, o + j, all, sum);
-                    vstore(DT, dy, o + j, all, _mm512_mul_ps(sum, _mm512_maskz_mov_ps(k, vscale)));
+                    vstore(DT, dy, o + j, all, _mm512_mul_ps(sum, _mm512_maskz_mov_ps(vkept(kept + o + j, all), vscale)));
                 }
                 _mm512_storeu_ps(pw + j, _mm512_add_ps(_mm512_loadu_ps(pw + j), _mm512_mul_ps(vdh, _mm512_mul_ps(xm, ri))));
                 _mm512_storeu_ps(pb + j, _mm512_add_ps(_mm512_loadu_ps(pb + j), vdh));

@@ -51,6 +51,22 @@ static inline void vstore(int dtype, void *p, int64_t i, __mmask16 k, __m512 v) 
         _mm512_mask_storeu_ps((float *)p + i, k, v);
 }
 
+/* The lanes K whose draws (16 int16 from DRAW) fall below LIMIT (the threshold in 32-bit lanes: 32768, keep 1, keeps
+ * every unit) */
+static inline __mmask16 vdrawn(const int16_t *draw, __mmask16 k, __m512i limit) {
+    return _mm512_mask_cmplt_epi32_mask(k, _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(k, draw)), limit);
+}
+
+/* The lanes K whose KEPT byte (16 from KEPT) is not 0 */
+static inline __mmask16 vkept(const uint8_t *kept, __mmask16 k) {
+    return _mm_test_epi8_mask(_mm_maskz_loadu_epi8(k, kept), _mm_set1_epi8(-1));
+}
+
+/* 1 or 0 (DRAWN or not) into the lanes K of KEPT[0..16) */
+static inline void vstore_kept(uint8_t *kept, __mmask16 k, __mmask16 drawn) {
+    _mm_mask_storeu_epi8(kept, k, _mm_maskz_set1_epi8(drawn, 1));
+}
+
 /* SUMS[q] = the sum of ACC[q]'s lanes in lane order, 0 + lane 0 + lane 1 + ..., for q < ROWS (ROWS_LANE_SUM's
  * last step): the rows side by side, a lane at a time */
 static inline void vlane_sums(const __m512 *acc, float *sums) {

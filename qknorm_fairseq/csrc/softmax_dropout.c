@@ -22,17 +22,23 @@
 #include "pcg.h"
 #include "simd.h"
 
+/* e^v's constants: 1/ln2, 1.5 2^23 (adding and subtracting it rounds to an integer), ln2 in two parts, and the
+ * polynomial's coefficients, highest first (exp_nonpositive and its 16-lane form, vexp_nonpositive) */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_ROUND 12582912.0f
+#define EXP_LN2_HI -0.693359375f
+#define EXP_LN2_LO 2.12194440e-4f
+static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                  1.6666665459e-1f, 5.0000001201e-1f};
+
 static inline float exp_nonpositive(float v) {
     /* e^v for v <= 0, -inf or NaN */
     float c = v < -87.0f ? -87.0f : v; /* NaN stays NaN */
-    float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to an integer (1.5 2^23) */
-    float r = __builtin_fmaf(n, 2.12194440e-4f, __builtin_fmaf(n, -0.693359375f, c)); /* c - n ln2, ln2 in two parts */
-    float p = 1.9875691500e-4f;
-    p = __builtin_fmaf(p, r, 1.3981999507e-3f);
-    p = __builtin_fmaf(p, r, 8.3334519073e-3f);
-    p = __builtin_fmaf(p, r, 4.1665795894e-2f);
-    p = __builtin_fmaf(p, r, 1.6666665459e-1f);
-    p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+    float n = (c * EXP_LOG2E + EXP_ROUND) - EXP_ROUND; /* rounded to an integer */
+    float r = __builtin_fmaf(n, EXP_LN2_LO, __builtin_fmaf(n, EXP_LN2_HI, c)); /* c - n ln2 */
+    float p = EXP_POLY[0];
+    for (int k = 1; k < 6; k++)
+        p = __builtin_fmaf(p, r, EXP_POLY[k]);
     p = __builtin_fmaf(p, r * r, r + 1.0f);
     union { int32_t bits; float value; } two_n = {((int32_t)n + 127) << 23}; /* 2^n, n in [-126, 0] */
     return v < -87.0f ? 0.0f : p * two_n.value;
@@ -74,17 +80,14 @@ static inline void exponentials(int dtype, const void *scores, const void *mask,
 #if QK_AVX512
 /* exp_nonpositive, 16 lanes: the same operations, so the same bits */
 static inline __m512 vexp_nonpositive(__m512 v) {
-    __m512 floor_ = _mm512_set1_ps(-87.0f), big = _mm512_set1_ps(12582912.0f);
+    __m512 floor_ = _mm512_set1_ps(-87.0f), round_ = _mm512_set1_ps(EXP_ROUND);
     __mmask16 low = _mm512_cmp_ps_mask(v, floor_, _CMP_LT_OQ);
     __m512 c = _mm512_mask_mov_ps(v, low, floor_);
-    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)), big), big);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), c));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(EXP_LOG2E)), round_), round_);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), _mm512_fmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), c));
+    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+    for (int k = 1; k < 6; k++)
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[k]));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     __m512i two_n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps((__mmask16)~low, p, _mm512_castsi512_ps(two_n));
@@ -120,7 +123,7 @@ static inline void rows_forward16(int DT, const void *scores, const void *mask, 
     float sums[ROWS];
     vlane_sums(acc, sums);
     __m512 kept_scale = _mm512_set1_ps(scale);
-    __m512i limit = _mm512_set1_epi32(threshold); /* 32 bits: 32768 (keep 1) keeps every unit */
+    __m512i limit = _mm512_set1_epi32(threshold);
     for (int64_t q = 0; q < nr; q++) {
         const float *eq = e + q * padded;
         int64_t oq = o + q * s;
@@ -130,11 +133,10 @@ static inline void rows_forward16(int DT, const void *scores, const void *mask, 
             __m512 p = _mm512_mul_ps(_mm512_loadu_ps(eq + j), inv);
             if (out) {
                 p = vround_to(DT, p);
-                __m512i d = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(k, draw + q * s + j));
-                __mmask16 drawn = _mm512_mask_cmplt_epi32_mask(k, d, limit);
+                __mmask16 drawn = vdrawn(draw + q * s + j, k, limit);
                 vstore(DT, y, oq + j, k, p);
                 vstore(DT, out, oq + j, k, _mm512_mul_ps(p, _mm512_maskz_mov_ps(drawn, kept_scale)));
-                _mm_mask_storeu_epi8(kept + oq + j, k, _mm_maskz_set1_epi8(drawn, 1));
+                vstore_kept(kept + oq + j, k, drawn);
             } else {
                 vstore(DT, y, oq + j, k, p);
             }
@@ -147,8 +149,7 @@ static inline __m512 vgradient(int DT, const void *grad, const uint8_t *kept, in
     __m512 g = vload(DT, grad, i, k, _mm512_setzero_ps());
     if (!kept)
         return g;
-    __mmask16 m = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(k, kept + i), _mm_set1_epi8(-1));
-    return _mm512_mul_ps(g, _mm512_maskz_mov_ps(m, _mm512_set1_ps(scale)));
+    return _mm512_mul_ps(g, _mm512_maskz_mov_ps(vkept(kept + i, k), _mm512_set1_ps(scale)));
 }
 
 /* The backward of NR <= ROWS rows of S from element O (the scalar loops' arithmetic, 16 keys at a time; a row's

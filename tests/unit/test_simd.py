@@ -8,11 +8,7 @@ from qknorm_fairseq import fast_dropout, fused_kernels, native
 
 
 def _avx512():
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
-    return {"avx512f", "avx512bw", "avx512vl"} <= set(flags)
+    return {"avx512f", "avx512bw", "avx512vl"} <= set(native.cpu_flags())
 
 
 pytestmark = [pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels"),
