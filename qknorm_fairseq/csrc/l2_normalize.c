@@ -12,15 +12,65 @@
  * backward gives g's gradient per (sentence, head), in LANES fp32 partial sums (torch's ops sum rounded products).
  *
  * Threads: OpenMP over blocks of ROWS rows, or over (sentence, head) pairs; a row's sums run in fixed
- * order (common.h's ROWS_LANE_SUM), so the bits do not depend on them.
+ * order (common.h's ROWS_LANE_SUM), so the bits do not depend on them. With AVX-512 each loop runs 16
+ * values at a time (simd.h; the *16 forms) where D is a multiple of 16, the same bits.
  */
 #include <math.h>
+#include <string.h>
 
 #include "common.h"
+#include "simd.h"
+
+#if QK_AVX512
+#define ALL ((__mmask16)0xffff)
+
+/* SUMS[q] = ROWS_LANE_SUM of A[AO + q AS + j] B[BO + q BS + j] over j < D (a multiple of 16: no tail) for q < NR
+ * (TA, TB: the dtypes of A and B); 0 for q >= NR */
+static inline void vrow_dots(int ta, const void *a, int64_t ao, int64_t as, int tb, const void *b, int64_t bo,
+                             int64_t bs, int64_t nr, int64_t d, float *sums) {
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 acc[ROWS];
+    for (int64_t q = 0; q < ROWS; q++) {
+        acc[q] = zero;
+        for (int64_t j = 0; q < nr && j < d; j += 16)
+            acc[q] = _mm512_add_ps(acc[q], _mm512_mul_ps(vload(ta, a, ao + q * as + j, ALL, zero),
+                                                         vload(tb, b, bo + q * bs + j, ALL, zero)));
+    }
+    vlane_sums(acc, sums);
+}
+
+/* D values from DY (DTY) into DX at O: ri dy - c x as qk_l2_backward computes them, or -ri dy where RI < 0 */
+static inline void vrow_backward(int DT, int dty, const void *dy, int64_t dyo, const void *x, void *dx, int64_t o,
+                                 int64_t d, float ri, float dot) {
+    const __m512 zero = _mm512_setzero_ps();
+    if (ri < 0.0f) {
+        for (int64_t j = 0; j < d; j += 16)
+            vstore(DT, dx, o + j, ALL, _mm512_mul_ps(_mm512_set1_ps(-ri), vload(dty, dy, dyo + j, ALL, zero)));
+        return;
+    }
+    __m512 vri = _mm512_set1_ps(ri), c = _mm512_set1_ps(dot * (ri * ri * ri));
+    for (int64_t j = 0; j < d; j += 16)
+        vstore(DT, dx, o + j, ALL, _mm512_sub_ps(_mm512_mul_ps(vri, vload(dty, dy, dyo + j, ALL, zero)),
+                                                 _mm512_mul_ps(c, vload(DT, x, o + j, ALL, zero))));
+}
+#endif
 
 void qk_l2_forward(int dtype, const void *x, void *y, float *r, int64_t rows, int64_t d, float floor_, int threads) {
     FOR_ROW_BLOCKS(rows,
         float sq[ROWS];
+#if QK_AVX512
+        if (d % 16 == 0) {
+            vrow_dots(DT, x, r0 * d, d, DT, x, r0 * d, d, nr, d, sq);
+            for (int64_t q = 0; q < nr; q++) {
+                int64_t o = (r0 + q) * d;
+                float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
+                for (int64_t j = 0; j < d; j += 16)
+                    vstore(DT, y, o + j, ALL, _mm512_mul_ps(vload(DT, x, o + j, ALL, _mm512_setzero_ps()), _mm512_set1_ps(ri)));
+                r[r0 + q] = sq[q] < floor_ ? -ri : ri;
+            }
+            continue;
+        }
+#endif
         ROWS_LANE_SUM(nr, d, load(x, DT, (r0 + q) * d + j) * load(x, DT, (r0 + q) * d + j), sq);
         for (int64_t q = 0; q < nr; q++) {
             int64_t o = (r0 + q) * d;
@@ -35,6 +85,14 @@ void qk_l2_backward(int dtype, const void *x, const void *dy, const float *r, vo
                     int threads) {
     FOR_ROW_BLOCKS(rows,
         float dot[ROWS];
+#if QK_AVX512
+        if (d % 16 == 0) {
+            vrow_dots(DT, dy, r0 * d, d, DT, x, r0 * d, d, nr, d, dot);
+            for (int64_t q = 0; q < nr; q++)
+                vrow_backward(DT, DT, dy, (r0 + q) * d, x, dx, (r0 + q) * d, d, r[r0 + q], dot[q]);
+            continue;
+        }
+#endif
         ROWS_LANE_SUM(nr, d, load(dy, DT, (r0 + q) * d + j) * load(x, DT, (r0 + q) * d + j), dot);
         for (int64_t q = 0; q < nr; q++) {
             int64_t o = (r0 + q) * d;
@@ -72,6 +130,21 @@ void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t
         for (int64_t t0 = 0; t0 < lengths[s]; t0 += ROWS) {
             int64_t nr = lengths[s] - t0 < ROWS ? lengths[s] - t0 : ROWS, row0 = (first[s] + t0) * heads + h;
             float sq[ROWS];
+#if QK_AVX512
+            if (d % 16 == 0) {
+                vrow_dots(DT, x, row0 * d, heads * d, DT, x, row0 * d, heads * d, nr, d, sq);
+                for (int64_t q = 0; q < nr; q++) {
+                    int64_t row = row0 + q * heads, o = row * d, go = (sh * length + t0 + q) * d;
+                    float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
+                    for (int64_t j = 0; j < d; j += 16) {
+                        __m512 v = vround_to(DT, _mm512_mul_ps(vload(DT, x, o + j, ALL, _mm512_setzero_ps()), _mm512_set1_ps(ri)));
+                        vstore(DT, grid, go + j, ALL, scaled ? _mm512_mul_ps(v, _mm512_set1_ps(g)) : v);
+                    }
+                    r[row] = sq[q] < floor_ ? -ri : ri;
+                }
+                continue;
+            }
+#endif
             ROWS_LANE_SUM(nr, d, load(x, DT, (row0 + q * heads) * d + j) * load(x, DT, (row0 + q * heads) * d + j), sq);
             for (int64_t q = 0; q < nr; q++) {
                 int64_t row = row0 + q * heads, o = row * d, go = (sh * length + t0 + q) * d;
@@ -83,8 +156,8 @@ void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t
                 r[row] = sq[q] < floor_ ? -ri : ri;
             }
         }
-        for (int64_t j = lengths[s] * d; j < length * d; j++)
-            store(grid, DT, sh * length * d + j, 0.0f);
+        memset((char *)grid + (sh * length + lengths[s]) * d * (DT == BF16 ? 2 : 4), 0,
+               (size_t)((length - lengths[s]) * d * (DT == BF16 ? 2 : 4))); /* 0.0f: all bits 0, either dtype */
     )
 }
 
@@ -94,6 +167,34 @@ void qk_l2_from_grid(int dtype, const void *x, const void *dgrid, const float *r
                      int64_t count, int64_t heads, int64_t d, int64_t length, const float *gain, float *dg, int threads) {
     FOR_SENTENCE_HEADS(
         float dy[ROWS * d], dgs[LANES] = {0};
+#if QK_AVX512
+        if (d % 16 == 0) {
+            const __m512 zero = _mm512_setzero_ps();
+            __m512 vdgs = zero;
+            for (int64_t t0 = 0; t0 < lengths[s]; t0 += ROWS) {
+                int64_t nr = lengths[s] - t0 < ROWS ? lengths[s] - t0 : ROWS, row0 = (first[s] + t0) * heads + h;
+                for (int64_t q = 0; q < nr; q++) {
+                    int64_t o = (row0 + q * heads) * d, go = (sh * length + t0 + q) * d;
+                    float rn = r[row0 + q * heads];
+                    __m512 vrn = _mm512_set1_ps(rn < 0.0f ? -rn : rn), vg = _mm512_set1_ps(g);
+                    for (int64_t j = 0; j < d; j += 16) {
+                        __m512 dgv = vload(DT, dgrid, go + j, ALL, zero);
+                        if (scaled) {
+                            __m512 y = vround_to(DT, _mm512_mul_ps(vload(DT, x, o + j, ALL, zero), vrn));
+                            vdgs = _mm512_add_ps(vdgs, _mm512_mul_ps(dgv, y));
+                            dgv = vround_to(DT, _mm512_mul_ps(dgv, vg));
+                        }
+                        _mm512_storeu_ps(dy + q * d + j, dgv);
+                    }
+                }
+                float dot[ROWS];
+                vrow_dots(F32, dy, 0, d, DT, x, row0 * d, heads * d, nr, d, dot);
+                for (int64_t q = 0; q < nr; q++)
+                    vrow_backward(DT, F32, dy, q * d, x, dx, (row0 + q * heads) * d, d, r[row0 + q * heads], dot[q]);
+            }
+            _mm512_storeu_ps(dgs, vdgs);
+        } else
+#endif
         for (int64_t t0 = 0; t0 < lengths[s]; t0 += ROWS) {
             int64_t nr = lengths[s] - t0 < ROWS ? lengths[s] - t0 : ROWS, row0 = (first[s] + t0) * heads + h;
             for (int64_t q = 0; q < nr; q++) {

@@ -10,12 +10,12 @@ C loop against its path through torch's ops and that against torch's dropout, an
 dropout, C loop against torch's ops; and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
 heads, 24, dim / heads), each in fp32 and bf16; --fused-kernels' attention softmax with its dropout
 (bf16 scores (tokens / 24, heads, 24, 24)), C loop against torch's ops; the C loops with AVX-512 forms (the
-softmax's, the dropouts', LayerNorm's on (tokens, dim)) against their portable builds; --fused-loss's label-smoothed loss against the
-criterion's path through fp32 log_softmax on bf16 logits (tokens, vocab); --fused-kernels' compiled
-normalisation (bf16, p = 2) and loss against their eager paths, and torch's dropout through
-torch.compile against --fast-dropout's, where a C++ compiler is found (the compiling falls in the
-warm-up call, outside the times). Prints (and with --out writes OUT.md) the median microseconds per
-call, forward and forward + backward, and the ratio to the reference.
+softmax's, the dropouts', LayerNorm's on (tokens, dim), the l2 normalisation's) against their portable
+builds; --fused-loss's label-smoothed loss against the criterion's path through fp32 log_softmax on bf16
+logits (tokens, vocab); --fused-kernels' compiled normalisation (bf16, p = 2) and loss against their eager
+paths, and torch's dropout through torch.compile against --fast-dropout's, where a C++ compiler is found (the
+compiling falls in the warm-up call, outside the times). Prints (and with --out writes OUT.md) the median
+microseconds per call, forward and forward + backward, and the ratio to the reference.
 """
 import contextlib
 import statistics
@@ -128,6 +128,10 @@ def run(opts):
                        (opts.tokens, opts.heads, hd), bf16),
                       ("fused_kernels lp_normalize p=2 bf16", lambda x: fused_kernels.lp_normalize(x, 2.0, EPS),
                        "fused_kernels lp_normalize p=2 bf16, compiled", (opts.tokens, opts.heads, hd), bf16)]
+            if native.compiler() is not None:  # its l2 C loops' AVX-512 forms against their portable build
+                cases.append(("fused_kernels lp_normalize p=2 bf16, portable C",
+                              portable(lambda x: fused_kernels.lp_normalize(x, 2.0, EPS)),
+                              "fused_kernels lp_normalize p=2 bf16", (opts.tokens, opts.heads, hd), bf16))
     else:
         print(f"no C++ compiler ({', '.join(fused_kernels.COMPILERS)}) on PATH: --fused-kernels' compiled kernels left out",
               file=sys.stderr)

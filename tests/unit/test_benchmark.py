@@ -73,6 +73,7 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                      *(["compiled torch dropout bf16", "fused_kernels loss bf16", "fused_kernels lp_normalize p=2 bf16, compiled",
                         "fused_kernels lp_normalize p=2 bf16"]
                        if compiler else []),
+                     *(["fused_kernels lp_normalize p=2 bf16, portable C"] if compiler and native.compiler() else []),
                      *(["softmax dropout, torch's ops bf16", "softmax dropout bf16", "layer norm loop bf16",
                         *(f"{k} bf16, portable C" for k in ("softmax dropout", "fast_dropout", "relu dropout",
                                                              "layer norm loop"))] if native.compiler() else [])}

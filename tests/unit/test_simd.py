@@ -1,5 +1,5 @@
 """The AVX-512 forms of the C loops (csrc/simd.h: the attention softmax, LayerNorm's backward, the
-dropouts) give the bits of their portable C (the same source built with -DQK_PORTABLE), on fp32 and
+dropouts, QKNorm's l2 normalisation) give the bits of their portable C (the same source built with -DQK_PORTABLE), on fp32 and
 bf16, odd widths and row counts, masked keys, whole rows masked, NaN and infinite inputs, one or two threads."""
 import pytest
 import torch
@@ -163,6 +163,58 @@ def test_softmax_dropout_backward_is_the_portable_loops_bit_for_bit(dtype, s):
                       dx.data_ptr(), rows, s, 1.25, threads)
                     outs.append(dx)
                 assert torch.equal(bits(outs[0]), bits(outs[1])), (rows, dropout, threads)
+
+
+def l2_rows(dtype, rows, d, seed):
+    """(x, dy) with rows whose sums of squares are NaN, infinite, and under the floor 1e-4"""
+    g = torch.Generator().manual_seed(seed)
+    x, dy = torch.randn(rows, d, generator=g).to(dtype), torch.randn(rows, d, generator=g).to(dtype)
+    if rows > 4:
+        x[1, 3], x[2, 0], x[3] = float("nan"), float("inf"), 1e-3
+        dy[4, 5] = float("-inf")
+    return x, dy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, d", [(1, 16), (17, 64), (100, 32), (37, 20)])
+def test_l2_rows_are_the_portable_loops_bit_for_bit(dtype, rows, d):
+    lib = fused_kernels._library
+    (fwd, fwd_portable), (bwd, bwd_portable) = both("qk_l2_forward", lib), both("qk_l2_backward", lib)
+    x, dy = l2_rows(dtype, rows, d, rows * d)
+    for threads in (1, 2):
+        outs = []
+        for forward, backward in ((fwd, bwd), (fwd_portable, bwd_portable)):
+            y, r, dx = torch.full_like(x, 3.0), torch.empty(rows), torch.full_like(x, 3.0)
+            forward(native.DTYPES[dtype], x.data_ptr(), y.data_ptr(), r.data_ptr(), rows, d, 1e-4, threads)
+            backward(native.DTYPES[dtype], x.data_ptr(), dy.data_ptr(), r.data_ptr(), dx.data_ptr(), rows, d, threads)
+            outs.append((y, r, dx))
+        for a, b in zip(*outs):
+            assert torch.equal(bits(a), bits(b)), threads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lengths, heads, d", [([1], 1, 16), ([5, 17, 3], 4, 64), ([40, 33], 2, 32), ([6, 2], 3, 20)])
+def test_l2_grids_are_the_portable_loops_bit_for_bit(dtype, lengths, heads, d):
+    lib = fused_kernels._library
+    (to, to_portable), (back, back_portable) = both("qk_l2_to_grid", lib), both("qk_l2_from_grid", lib)
+    count, length, tokens = len(lengths), max(lengths) + 2, sum(lengths)
+    x, _ = l2_rows(dtype, tokens * heads, d, tokens + d)
+    dgrid, _ = l2_rows(dtype, count * heads * length, d, heads)
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    for gain in (None, torch.tensor([1.5])):
+        for threads in (1, 2):
+            outs = []
+            for forward, backward in ((to, back), (to_portable, back_portable)):
+                grid, r = torch.full((count, heads, length, d), 3.0).to(dtype), torch.empty(tokens * heads)
+                dx, dg = torch.full_like(x, 3.0), torch.full((count * heads,), 3.0)
+                g = None if gain is None else gain.data_ptr()
+                forward(native.DTYPES[dtype], x.data_ptr(), grid.data_ptr(), r.data_ptr(), lens.data_ptr(), count,
+                        heads, d, length, 1e-4, g, threads)
+                backward(native.DTYPES[dtype], x.data_ptr(), dgrid.data_ptr(), r.data_ptr(), dx.data_ptr(),
+                         lens.data_ptr(), count, heads, d, length, g, None if gain is None else dg.data_ptr(), threads)
+                outs.append((grid, r, dx, dg))
+            for a, b in zip(*outs):
+                assert torch.equal(bits(a), bits(b)), (gain, threads)
 
 
 def test_portable_loops_switch_each_library_only_within_them():
