@@ -13,7 +13,7 @@
  *
  * Threads: OpenMP over blocks of ROWS rows, or over (sentence, head) pairs; a row's sums run in fixed
  * order (common.h's ROWS_LANE_SUM), so the bits do not depend on them. With AVX-512 each loop runs 16
- * values at a time (simd.h; the *16 forms) where D is a multiple of 16, the same bits.
+ * values at a time (simd.h; vrow_dots, vrow_backward) where D is a multiple of 16, the same bits.
  */
 #include <math.h>
 #include <string.h>
