@@ -29,7 +29,7 @@ SOURCES = Path(__file__).parent / "csrc"
 # -ffp-contract=off: no fused multiply-add, so a product and a sum round as torch's ops round them;
 # -fno-math-errno: sqrtf vectorised (it sets no errno, the only difference); -mprefer-vector-width=512: the
 # compiler's own vectorisation 16 fp32 lanes wide where the CPU has AVX-512 (gcc picks 256 bits otherwise;
-# the residual dropout with LayerNorm's forward runs 1.2x; the same bits, since no sum is reordered)
+# the same bits, since no sum is reordered; docs/performance.md, "And QKNorm's l2 loops?")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-fopenmp",
          "-shared", "-fPIC")
 COMPILERS = ("cc", "gcc", "clang")

@@ -156,8 +156,8 @@ void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t
                 r[row] = sq[q] < floor_ ? -ri : ri;
             }
         }
-        memset((char *)grid + (sh * length + lengths[s]) * d * (DT == BF16 ? 2 : 4), 0,
-               (size_t)((length - lengths[s]) * d * (DT == BF16 ? 2 : 4))); /* 0.0f: all bits 0, either dtype */
+        int64_t size = DT == BF16 ? 2 : 4; /* 0.0f below: all bits 0 in either dtype */
+        memset((char *)grid + (sh * length + lengths[s]) * d * size, 0, (size_t)((length - lengths[s]) * d * size));
     )
 }
 
