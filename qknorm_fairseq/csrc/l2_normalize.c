@@ -21,9 +21,12 @@
 #include "common.h"
 #include "simd.h"
 
-#if QK_AVX512
-#define ALL ((__mmask16)0xffff)
+/* 1 / the norm whose square is SQ, SQ raised to FLOOR_ (the rows R marks negative) */
+static inline float inverse_norm(float sq, float floor_) {
+    return 1.0f / sqrtf(sq < floor_ ? floor_ : sq);
+}
 
+#if QK_AVX512
 /* SUMS[q] = ROWS_LANE_SUM of A[AO + q AS + j] B[BO + q BS + j] over j < D (a multiple of 16: no tail) for q < NR
  * (TA, TB: the dtypes of A and B); 0 for q >= NR */
 static inline void vrow_dots(int ta, const void *a, int64_t ao, int64_t as, int tb, const void *b, int64_t bo,
@@ -33,8 +36,8 @@ static inline void vrow_dots(int ta, const void *a, int64_t ao, int64_t as, int 
     for (int64_t q = 0; q < ROWS; q++) {
         acc[q] = zero;
         for (int64_t j = 0; q < nr && j < d; j += 16)
-            acc[q] = _mm512_add_ps(acc[q], _mm512_mul_ps(vload(ta, a, ao + q * as + j, ALL, zero),
-                                                         vload(tb, b, bo + q * bs + j, ALL, zero)));
+            acc[q] = _mm512_add_ps(acc[q], _mm512_mul_ps(vload(ta, a, ao + q * as + j, ALL_LANES, zero),
+                                                         vload(tb, b, bo + q * bs + j, ALL_LANES, zero)));
     }
     vlane_sums(acc, sums);
 }
@@ -45,13 +48,13 @@ static inline void vrow_backward(int DT, int dty, const void *dy, int64_t dyo, c
     const __m512 zero = _mm512_setzero_ps();
     if (ri < 0.0f) {
         for (int64_t j = 0; j < d; j += 16)
-            vstore(DT, dx, o + j, ALL, _mm512_mul_ps(_mm512_set1_ps(-ri), vload(dty, dy, dyo + j, ALL, zero)));
+            vstore(DT, dx, o + j, ALL_LANES, _mm512_mul_ps(_mm512_set1_ps(-ri), vload(dty, dy, dyo + j, ALL_LANES, zero)));
         return;
     }
     __m512 vri = _mm512_set1_ps(ri), c = _mm512_set1_ps(dot * (ri * ri * ri));
     for (int64_t j = 0; j < d; j += 16)
-        vstore(DT, dx, o + j, ALL, _mm512_sub_ps(_mm512_mul_ps(vri, vload(dty, dy, dyo + j, ALL, zero)),
-                                                 _mm512_mul_ps(c, vload(DT, x, o + j, ALL, zero))));
+        vstore(DT, dx, o + j, ALL_LANES, _mm512_sub_ps(_mm512_mul_ps(vri, vload(dty, dy, dyo + j, ALL_LANES, zero)),
+                                                 _mm512_mul_ps(c, vload(DT, x, o + j, ALL_LANES, zero))));
 }
 #endif
 
@@ -63,9 +66,9 @@ void qk_l2_forward(int dtype, const void *x, void *y, float *r, int64_t rows, in
             vrow_dots(DT, x, r0 * d, d, DT, x, r0 * d, d, nr, d, sq);
             for (int64_t q = 0; q < nr; q++) {
                 int64_t o = (r0 + q) * d;
-                float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
+                float ri = inverse_norm(sq[q], floor_);
                 for (int64_t j = 0; j < d; j += 16)
-                    vstore(DT, y, o + j, ALL, _mm512_mul_ps(vload(DT, x, o + j, ALL, _mm512_setzero_ps()), _mm512_set1_ps(ri)));
+                    vstore(DT, y, o + j, ALL_LANES, _mm512_mul_ps(vload(DT, x, o + j, ALL_LANES, _mm512_setzero_ps()), _mm512_set1_ps(ri)));
                 r[r0 + q] = sq[q] < floor_ ? -ri : ri;
             }
             continue;
@@ -74,7 +77,7 @@ void qk_l2_forward(int dtype, const void *x, void *y, float *r, int64_t rows, in
         ROWS_LANE_SUM(nr, d, load(x, DT, (r0 + q) * d + j) * load(x, DT, (r0 + q) * d + j), sq);
         for (int64_t q = 0; q < nr; q++) {
             int64_t o = (r0 + q) * d;
-            float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
+            float ri = inverse_norm(sq[q], floor_);
             for (int64_t j = 0; j < d; j++)
                 store(y, DT, o + j, load(x, DT, o + j) * ri);
             r[r0 + q] = sq[q] < floor_ ? -ri : ri;
@@ -135,10 +138,10 @@ void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t
                 vrow_dots(DT, x, row0 * d, heads * d, DT, x, row0 * d, heads * d, nr, d, sq);
                 for (int64_t q = 0; q < nr; q++) {
                     int64_t row = row0 + q * heads, o = row * d, go = (sh * length + t0 + q) * d;
-                    float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
+                    float ri = inverse_norm(sq[q], floor_);
                     for (int64_t j = 0; j < d; j += 16) {
-                        __m512 v = vround_to(DT, _mm512_mul_ps(vload(DT, x, o + j, ALL, _mm512_setzero_ps()), _mm512_set1_ps(ri)));
-                        vstore(DT, grid, go + j, ALL, scaled ? _mm512_mul_ps(v, _mm512_set1_ps(g)) : v);
+                        __m512 v = vround_to(DT, _mm512_mul_ps(vload(DT, x, o + j, ALL_LANES, _mm512_setzero_ps()), _mm512_set1_ps(ri)));
+                        vstore(DT, grid, go + j, ALL_LANES, scaled ? _mm512_mul_ps(v, _mm512_set1_ps(g)) : v);
                     }
                     r[row] = sq[q] < floor_ ? -ri : ri;
                 }
@@ -148,7 +151,7 @@ void qk_l2_to_grid(int dtype, const void *x, void *grid, float *r, const int64_t
             ROWS_LANE_SUM(nr, d, load(x, DT, (row0 + q * heads) * d + j) * load(x, DT, (row0 + q * heads) * d + j), sq);
             for (int64_t q = 0; q < nr; q++) {
                 int64_t row = row0 + q * heads, o = row * d, go = (sh * length + t0 + q) * d;
-                float ri = 1.0f / sqrtf(sq[q] < floor_ ? floor_ : sq[q]);
+                float ri = inverse_norm(sq[q], floor_);
                 for (int64_t j = 0; j < d; j++) {
                     float v = round_to(DT, load(x, DT, o + j) * ri);
                     store(grid, DT, go + j, scaled ? v * g : v);
@@ -178,9 +181,9 @@ void qk_l2_from_grid(int dtype, const void *x, const void *dgrid, const float *r
                     float rn = r[row0 + q * heads];
                     __m512 vrn = _mm512_set1_ps(rn < 0.0f ? -rn : rn), vg = _mm512_set1_ps(g);
                     for (int64_t j = 0; j < d; j += 16) {
-                        __m512 dgv = vload(DT, dgrid, go + j, ALL, zero);
+                        __m512 dgv = vload(DT, dgrid, go + j, ALL_LANES, zero);
                         if (scaled) {
-                            __m512 y = vround_to(DT, _mm512_mul_ps(vload(DT, x, o + j, ALL, zero), vrn));
+                            __m512 y = vround_to(DT, _mm512_mul_ps(vload(DT, x, o + j, ALL_LANES, zero), vrn));
                             vdgs = _mm512_add_ps(vdgs, _mm512_mul_ps(dgv, y));
                             dgv = vround_to(DT, _mm512_mul_ps(dgv, vg));
                         }

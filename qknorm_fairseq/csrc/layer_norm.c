@@ -86,7 +86,6 @@ static inline void rows_backward16(int DT, const void *restrict dh, const void *
                                    const float *restrict r, const void *restrict w, const void *restrict gx,
                                    const uint8_t *restrict kept, float scale, void *restrict dx, void *restrict dy,
                                    float *restrict pw, float *restrict pb, int64_t row0, int64_t end, int64_t d) {
-    const __mmask16 all = 0xffff;
     const __m512 zero = _mm512_setzero_ps(), vscale = _mm512_set1_ps(scale);
     for (int64_t first = row0; first < end; first += ROWS) {
         int64_t nr = end - first < ROWS ? end - first : ROWS;
@@ -99,8 +98,8 @@ static inline void rows_backward16(int DT, const void *restrict dh, const void *
             int64_t o = (first + q) * d;
             __m512 m = _mm512_set1_ps(mean[first + q]), ri = _mm512_set1_ps(r[first + q]);
             for (int64_t j = 0; j < d; j += 16) {
-                __m512 g = _mm512_mul_ps(vload(DT, dh, o + j, all, zero), vload(DT, w, j, all, zero));
-                __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(vload(DT, x, o + j, all, zero), m), ri);
+                __m512 g = _mm512_mul_ps(vload(DT, dh, o + j, ALL_LANES, zero), vload(DT, w, j, ALL_LANES, zero));
+                __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(vload(DT, x, o + j, ALL_LANES, zero), m), ri);
                 acc_a[q] = _mm512_add_ps(acc_a[q], g);
                 acc_c[q] = _mm512_add_ps(acc_c[q], _mm512_mul_ps(g, xhat));
             }
@@ -112,16 +111,16 @@ static inline void rows_backward16(int DT, const void *restrict dh, const void *
             __m512 m = _mm512_set1_ps(mean[first + q]), ri = _mm512_set1_ps(r[first + q]);
             __m512 a = _mm512_set1_ps(as[q] / (float)d), c = _mm512_set1_ps(cs[q] / (float)d);
             for (int64_t j = 0; j < d; j += 16) {
-                __m512 vdh = vload(DT, dh, o + j, all, zero), xm = _mm512_sub_ps(vload(DT, x, o + j, all, zero), m);
-                __m512 t = _mm512_sub_ps(_mm512_sub_ps(_mm512_mul_ps(vdh, vload(DT, w, j, all, zero)), a),
+                __m512 vdh = vload(DT, dh, o + j, ALL_LANES, zero), xm = _mm512_sub_ps(vload(DT, x, o + j, ALL_LANES, zero), m);
+                __m512 t = _mm512_sub_ps(_mm512_sub_ps(_mm512_mul_ps(vdh, vload(DT, w, j, ALL_LANES, zero)), a),
                                          _mm512_mul_ps(_mm512_mul_ps(xm, ri), c));
                 __m512 v = _mm512_mul_ps(ri, t);
                 if (kept == NULL) {
-                    vstore(DT, dx, o + j, all, v);
+                    vstore(DT, dx, o + j, ALL_LANES, v);
                 } else {
-                    __m512 sum = vround_to(DT, _mm512_add_ps(vload(DT, gx, o + j, all, zero), vround_to(DT, v)));
-                    vstore(DT, dx, o + j, all, sum);
-                    vstore(DT, dy, o + j, all, _mm512_mul_ps(sum, _mm512_maskz_mov_ps(vkept(kept + o + j, all), vscale)));
+                    __m512 sum = vround_to(DT, _mm512_add_ps(vload(DT, gx, o + j, ALL_LANES, zero), vround_to(DT, v)));
+                    vstore(DT, dx, o + j, ALL_LANES, sum);
+                    vstore(DT, dy, o + j, ALL_LANES, _mm512_mul_ps(sum, _mm512_maskz_mov_ps(vkept(kept + o + j, ALL_LANES), vscale)));
                 }
                 _mm512_storeu_ps(pw + j, _mm512_add_ps(_mm512_loadu_ps(pw + j), _mm512_mul_ps(vdh, _mm512_mul_ps(xm, ri))));
                 _mm512_storeu_ps(pb + j, _mm512_add_ps(_mm512_loadu_ps(pb + j), vdh));

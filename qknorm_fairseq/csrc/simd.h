@@ -15,9 +15,11 @@
 
 _Static_assert(ROWS == 16 && LANES == 16, "vlane_sums: a row a lane, a lane an fp32 of one vector");
 
+#define ALL_LANES ((__mmask16)0xffff)
+
 /* the first N of 16 lanes (N <= 0: none) */
 static inline __mmask16 first_lanes(int64_t n) {
-    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+    return n >= 16 ? ALL_LANES : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
 /* P[I..I+16) as DTYPE holds them, widened to fp32; FILL in the lanes outside K */
