@@ -400,9 +400,48 @@ class _BiasLinears(torch.autograd.Function):
                 dx = dy.mm(w) if dx is None else dx.addmm_(dy, w)
         grads = []
         for i, dy in enumerate(dys):
-            grads += [dy.t().mm(x) if ctx.needs_input_grad[1 + 2 * i] else None,
-                      dy.sum(0) if ctx.needs_input_grad[2 + 2 * i] else None]
+            grads += weight_grads(dy, x, ctx.needs_input_grad[1 + 2 * i], ctx.needs_input_grad[2 + 2 * i])
         return (dx, *grads)
+
+
+def _weight_grad_library():
+    lib = native.kernels("weight_grad", {
+        "qk_weight_grad_ready": ([], ctypes.c_int),
+        "qk_weight_grad_work": ([ctypes.c_int64] * 2 + [ctypes.c_int], ctypes.c_int64),
+        "qk_weight_grad": ([ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int], None),
+    }, "--fused-kernels", "a linear layer's weight and bias gradients run as torch's product and sum instead")
+    return lib if lib is not None and _amx_ready(lib) else None
+
+
+@functools.cache
+def _amx_ready(lib):
+    # 0 where the library was built without AMX (a CPU without it, or the portable build): torch's ops run,
+    # as on every CPU before AMX, so no warning
+    return bool(lib.qk_weight_grad_ready())
+
+
+def weight_grads(dy, x, weight=True, bias=True):
+    """(dy^T x, dy's column sums) of a linear layer's output gradient DY and input X (each None where not
+    WEIGHT or BIAS): on a CPU with AMX, for bf16 rows whose widths are multiples of 16, both from
+    csrc/weight_grad.c's one pass; else torch's product and sum."""
+    lib = None
+    if weight and dy.dtype == x.dtype == torch.bfloat16 and dy.dim() == x.dim() == 2 and dy.device.type == "cpu":
+        lib = native.is_enabled() and _weight_grad_library()
+    if not (lib and dy.size(1) % 16 == 0 and x.size(1) % 16 == 0 and dy.size(0) == x.size(0) > 0):
+        return dy.t().mm(x) if weight else None, dy.sum(0) if bias else None
+    dy, x = dy.contiguous(), x.contiguous()
+    (n, out), inputs, threads = dy.shape, x.size(1), torch.get_num_threads()
+    dw = dy.new_empty(out, inputs)
+    db = dy.new_empty(out) if bias else None
+    work = torch.empty(lib.qk_weight_grad_work(out, inputs, threads) + 64, dtype=torch.uint8)
+    weight_grad_kernel(lib, dy.data_ptr(), x.data_ptr(), n, out, inputs, dw.data_ptr(), db.data_ptr() if bias else None,
+                       -(-work.data_ptr() // 64) * 64, threads)
+    return dw, db
+
+
+def weight_grad_kernel(lib, *args):
+    """Runs csrc/weight_grad.c's qk_weight_grad (one place for step_profile to time it)."""
+    lib.qk_weight_grad(*args)
 
 
 def _in_products(x, weight, bias):

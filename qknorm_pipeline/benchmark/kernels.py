@@ -11,7 +11,8 @@ dropout, C loop against torch's ops; and --attention-kernel matmul against scale
 heads, 24, dim / heads), each in fp32 and bf16; --fused-kernels' attention softmax with its dropout
 (bf16 scores (tokens / 24, heads, 24, 24)), C loop against torch's ops; the C loops with AVX-512 forms (the
 softmax's, the dropouts', LayerNorm's on (tokens, dim), the l2 normalisation's) against their portable
-builds; --fused-loss's label-smoothed loss against the criterion's path through fp32 log_softmax on bf16
+builds; a linear layer (tokens, dim) -> 4 dim with its weight and bias gradients from the AMX kernel against
+torch's product and sum; --fused-loss's label-smoothed loss against the criterion's path through fp32 log_softmax on bf16
 logits (tokens, vocab); --fused-kernels' compiled normalisation (bf16, p = 2) and loss against their eager
 paths, and torch's dropout through torch.compile against --fast-dropout's, where a C++ compiler is found (the
 compiling falls in the warm-up call, outside the times). Prints (and with --out writes OUT.md) the median
@@ -109,6 +110,15 @@ def run(opts):
                                 ("relu dropout bf16", relu_dropout, (opts.tokens, 4 * d)),
                                 ("layer norm loop bf16", layer_norm, (opts.tokens, d))):
             cases.append((f"{name}, portable C", portable(fn), name, shape, bf16))
+        # a feed-forward layer's weight and bias gradients: the AMX kernel against torch's product and sum (the
+        # portable build has no AMX form; on a CPU without AMX both rows are torch's)
+        w, b = (torch.randn(4 * d, d) / d ** 0.5).to(bf16).requires_grad_(), torch.zeros(4 * d, dtype=bf16, requires_grad=True)
+
+        def linear(x):
+            return fused_kernels.linear(x, w, b)
+
+        cases += [("linear bf16", linear, None, (opts.tokens, d), bf16),
+                  ("linear bf16, torch's weight gradient", portable(linear), "linear bf16", (opts.tokens, d), bf16)]
     target = torch.randint(4, opts.vocab, (opts.tokens,), generator=torch.Generator().manual_seed(0))
     every = torch.ones(opts.vocab, dtype=torch.bool)
     cases += [("log_softmax loss bf16", lambda x: masked_label_smoothed_nll_loss(

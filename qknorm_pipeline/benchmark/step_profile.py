@@ -70,9 +70,10 @@ COMPILED, COMPILED_EVENT = "compiled loops", "## Call CompiledFxGraph"
 # whole regions of an update, everything inside them (Python and non-ATen work too)
 OPTIMIZER = "optimizer and clip"
 # kernel: --fast-dropout's C loops; l2_kernel, layer_norm_kernel and softmax_kernel: --fused-kernels' l2
-# normalisation's, LayerNorm's (with the residual dropout before it) and attention softmax's (its dropout too)
+# normalisation's, LayerNorm's (with the residual dropout before it) and attention softmax's (its dropout too);
+# weight_grad_kernel: its linear layers' weight gradients in AMX tiles (their bias gradients summed on the way)
 REGIONS = {"clip": OPTIMIZER, "step": OPTIMIZER, "keep_mask": "dropout", "kernel": "dropout", "l2_kernel": "norms",
-           "layer_norm_kernel": "norms", "softmax_kernel": "softmax and loss"}
+           "layer_norm_kernel": "norms", "softmax_kernel": "softmax and loss", "weight_grad_kernel": "matrix products"}
 FRAMEWORK = "framework"
 
 
@@ -202,7 +203,8 @@ def profiled(trainer, original, samples, raise_oom):
     from qknorm_fairseq import fast_dropout, fused_kernels
 
     saved = (trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask, fast_dropout.kernel,
-             fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel)
+             fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel,
+             fused_kernels.weight_grad_kernel)
     trainer.clip_grad_norm = regioned("clip", trainer.clip_grad_norm)
     trainer.optimizer.step = regioned("step", trainer.optimizer.step)
     fast_dropout.keep_mask = regioned("keep_mask", fast_dropout.keep_mask)
@@ -210,6 +212,7 @@ def profiled(trainer, original, samples, raise_oom):
     fused_kernels.kernel = regioned("l2_kernel", fused_kernels.kernel)
     fused_kernels.softmax_kernel = regioned("softmax_kernel", fused_kernels.softmax_kernel)
     fused_kernels.layer_norm_kernel = regioned("layer_norm_kernel", fused_kernels.layer_norm_kernel)
+    fused_kernels.weight_grad_kernel = regioned("weight_grad_kernel", fused_kernels.weight_grad_kernel)
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
@@ -217,7 +220,8 @@ def profiled(trainer, original, samples, raise_oom):
             wall_ms = (time.perf_counter() - start) * 1e3
     finally:
         (trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask, fast_dropout.kernel,
-         fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel) = saved
+         fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel,
+         fused_kernels.weight_grad_kernel) = saved
     return result, {"update_ms": round(wall_ms, 1), **time_shares(prof),
                     "op_families": op_families(prof.events(), wall_ms)}
 

@@ -274,6 +274,29 @@ def test_step_profile_counts_onednns_linear_as_a_matrix_product():
     assert "mkldnn::_linear_pointwise" in time_shares(prof)["top_ops"]
 
 
+def test_step_profile_counts_the_amx_weight_gradients_as_matrix_products(monkeypatch):
+    """--fused-kernels' weight gradients in AMX tiles (a C kernel, no ATen op): the products' time, as profiled()
+    wraps them."""
+    import time
+
+    import torch
+
+    from qknorm_fairseq import fused_kernels
+    from qknorm_pipeline.benchmark.step_profile import FRAMEWORK, op_families, regioned
+
+    if fused_kernels._weight_grad_library() is None:
+        pytest.skip("no AMX on this CPU (or no C compiler): the weight gradients are torch's mm")
+    dy, x = torch.randn(4096, 512).bfloat16(), torch.randn(4096, 512).bfloat16()
+    monkeypatch.setattr(fused_kernels, "weight_grad_kernel", regioned("weight_grad_kernel", fused_kernels.weight_grad_kernel))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(5):
+            fused_kernels.weight_grads(dy, x)
+        wall = (time.perf_counter() - start) * 1e3
+    ms = op_families(prof.events(), wall)
+    assert ms["matrix products"] > 0.5 * wall and ms[FRAMEWORK] < 0.5 * wall
+
+
 def test_the_profile_counts_the_update_asked_for_without_logging_it(monkeypatch, tmp_path):
     from qknorm_pipeline.benchmark import throughput
 

@@ -13,7 +13,8 @@ from qknorm_fairseq.fused_kernels import RowsLinear, _linear_pointwise
 
 def test_rows_linear_gives_torchs_bits_and_keeps_the_module():
     """RowsLinear (--fused-kernels' projections and feed-forward layers): oneDNN's product with the bias in
-    it gives F.linear's bits, forward and backward, on bf16 rows; other inputs run F.linear itself."""
+    it gives F.linear's bits, forward and backward (the weight's and bias's gradients as torch's product and sum,
+    as on a CPU without AMX; with AMX test_weight_grad checks them), on bf16 rows; other inputs run F.linear itself."""
     if _linear_pointwise() is None:
         pytest.skip("this torch has no mkldnn _linear_pointwise")
     torch.manual_seed(0)
@@ -25,8 +26,9 @@ def test_rows_linear_gives_torchs_bits_and_keeps_the_module():
     results = []
     for module in (plain, rows):
         x = x0.clone().requires_grad_()
-        y = module(x)
-        y.backward(dy)
+        with mock.patch("qknorm_fairseq.fused_kernels._weight_grad_library", return_value=None):
+            y = module(x)
+            y.backward(dy)
         results.append((y, x.grad, module.weight.grad, module.bias.grad))
     for a, b in zip(*results):
         assert torch.equal(a, b)
@@ -68,8 +70,9 @@ def test_layers_of_one_input_sum_its_gradient_inside_the_products():
     results = []
     for layers in (plain, rows):
         x = x0.clone().requires_grad_()
-        ys = linears(x, *layers) if layers is rows else [layer(x) for layer in layers]
-        torch.autograd.backward(ys, dys)
+        with mock.patch("qknorm_fairseq.fused_kernels._weight_grad_library", return_value=None):  # as without AMX
+            ys = linears(x, *layers) if layers is rows else [layer(x) for layer in layers]
+            torch.autograd.backward(ys, dys)
         results.append((x.grad, [(y, layer.weight.grad, layer.bias.grad) for y, layer in zip(ys, layers)]))
     (dx_autograd, plain_results), (dx_fused, fused_results) = results
     for a, b in zip(plain_results, fused_results):
