@@ -28,7 +28,11 @@ RowsLinear (the projections and feed-forward layers, torch's Linear with its cla
 rows oneDNN's linear with the bias inside the product, where addmm copies the bias into the output first;
 the attention's projections of one input (q, k and v; the source's k and v) are one autograd node whose
 backward sums the input's gradient inside the products (addmm_), where autograd rounds each layer's
-gradient and adds them in passes of their own: other rounding of that gradient, no other bits.
+gradient and adds them in passes of their own: other rounding of that gradient, no other bits. On a CPU with
+AMX, a bf16 linear layer's weight and bias gradients are one C kernel (csrc/weight_grad.c: both operands packed
+for AMX's tiles a chunk of tokens at a time, the bias gradient summed on the way), where oneDNN's product copies
+both into its layouts at every call and torch sums the bias in a pass of its own: an fp32 sum in another order,
+rounded once as before.
 
 Dropout stays out of the compiled loops: Inductor's CPU random numbers are slow to draw (torch's dropout
 through torch.compile against --fast-dropout's: `benchmark.sh kernels`, docs/performance.md). Shapes are

@@ -48,7 +48,7 @@ OURS = {"fused loss, numpy dropout draws": "qknorm:--fast-dropout --fused-loss",
         "Intel Xeon without AMX": "qknorm:--fast-dropout --fused-loss --attention-kernel matmul",
         "packed decoder in length groups against one grid, 4 repetitions, AMD EPYC with AVX2 only":
             "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder",
-        "QKNorm's l2 loops in AVX-512, C loops vectorised 512 bits wide, three epochs, Intel Xeon with AMX":
+        "a linear layer's weight and bias gradients in one AMX pass, three epochs, Intel Xeon with AMX":
             "qknorm:--fast-dropout --fused-loss --attention-kernel matmul --packed-decoder --packed-encoder --fused-kernels "
             "--fused-adam",
         "the packed encoder, the grids copied by C and the bias inside the product, the gl-en recipe's size, Intel Xeon with AMX":
