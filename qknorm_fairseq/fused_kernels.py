@@ -43,6 +43,7 @@ layout it meets (a contiguous query and a permuted one), a few seconds each, the
 import ctypes
 import functools
 import logging
+import os
 import shutil
 
 import torch
@@ -420,8 +421,10 @@ def _weight_grad_library():
 @functools.cache
 def _amx_ready(lib):
     # 0 where the library was built without AMX (a CPU without it, or the portable build): torch's ops run,
-    # as on every CPU before AMX, so no warning
-    return bool(lib.qk_weight_grad_ready())
+    # as on every CPU before AMX, so no warning. ONEDNN_MAX_CPU_ISA below AMX (standing in for an older CPU)
+    # keeps AMX out of this kernel too
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return ("AMX" in isa or isa in ("ALL", "DEFAULT")) and bool(lib.qk_weight_grad_ready())
 
 
 def weight_grads(dy, x, weight=True, bias=True):

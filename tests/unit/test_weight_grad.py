@@ -1,5 +1,8 @@
 """--fused-kernels on a CPU with AMX: a bf16 linear layer's weight and bias gradients in one pass (csrc/weight_grad.c)."""
 import copy
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -113,3 +116,13 @@ def test_a_linear_layer_trains_through_the_kernel():
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
     dw, db = fused_kernels.weight_grads(dy, x0)
     assert torch.equal(grads[1][2], dw) and torch.equal(grads[1][3], db)
+
+
+def test_onednn_held_below_amx_keeps_the_kernel_out():
+    """ONEDNN_MAX_CPU_ISA below AMX (a stand-in for an older CPU) turns the kernel off as it turns off oneDNN's
+    AMX products; an AMX level keeps it."""
+    code = "from qknorm_fairseq import fused_kernels as f; print(f._weight_grad_library() is not None)"
+    for isa, expected in (("AVX512_CORE_BF16", "False"), ("AVX512_CORE_AMX", "True")):
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa})
+        assert p.returncode == 0 and p.stdout.strip() == expected, (isa, p.stderr[-2000:])
