@@ -76,7 +76,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                      *(["fused_kernels lp_normalize p=2 bf16, portable C"] if compiler and native.compiler() else []),
                      *(["softmax dropout, torch's ops bf16", "softmax dropout bf16", "layer norm loop bf16",
                         *(f"{k} bf16, portable C" for k in ("softmax dropout", "fast_dropout", "relu dropout",
-                                                             "layer norm loop"))] if native.compiler() else [])}
+                                                             "layer norm loop")),
+                        "linear bf16", "linear bf16, torch's weight gradient"] if native.compiler() else [])}
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
     md = out.with_suffix(".md").read_text()
     assert md in capsys.readouterr().out
@@ -87,6 +88,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
     if native.compiler():  # the C loops' portable builds, each against the machine's
         row = next(line for line in md.splitlines() if line.startswith("| softmax dropout bf16, portable C |"))
         assert row.endswith("| softmax dropout bf16 |")
+        row = next(line for line in md.splitlines() if line.startswith("| linear bf16, torch's weight gradient |"))
+        assert row.endswith("| linear bf16 |")
 
 
 def test_command_line_exits_0_with_its_table(tmp_path):
