@@ -22,11 +22,13 @@ static inline __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? ALL_LANES : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
+/* 16 bf16 widened to fp32 (exactly) */
+static inline __m512 vwiden(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }
+
 /* P[I..I+16) as DTYPE holds them, widened to fp32; FILL in the lanes outside K */
 static inline __m512 vload(int dtype, const void *p, int64_t i, __mmask16 k, __m512 fill) {
     if (dtype == BF16) {
-        __m256i b = _mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i);
-        __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+        __m512 v = vwiden(_mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i));
         return _mm512_mask_mov_ps(fill, k, v);
     }
     return _mm512_mask_loadu_ps(fill, k, (const float *)p + i);

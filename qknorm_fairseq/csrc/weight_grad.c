@@ -8,7 +8,8 @@
  * registers, db summed on the way) and multiplies them into fp32 sums it keeps for the whole product.
  * Each output's sum runs over the tokens in order in one thread (the threads split the wider of OUT and
  * IN), so the bits do not depend on the thread count; they differ from oneDNN's, which sums in another
- * order, both rounded once from fp32 (tests/unit/test_weight_grad.py compares both with fp64).
+ * order, both rounded once from fp32 (tests/unit/test_weight_grad.py holds each output within an fp32 sum's
+ * error and one rounding of the fp64 result).
  *
  * AMX's tile product _tile_dpbf16ps(C, A, B) adds to C[m][j] the sum over k < 16 of A[m][2k] B[k][2j]
  * + A[m][2k+1] B[k][2j+1]. Here m is an output row o, j an input column i, and 2k, 2k+1 two tokens:
@@ -18,7 +19,6 @@
  * Built without AMX (or with -DQK_PORTABLE), qk_weight_grad_ready() is 0 and the caller keeps torch's ops.
  */
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "common.h"
 #include "simd.h"
@@ -57,8 +57,6 @@ static inline __m512i interleave(__m256i lo, __m256i hi) {
     return _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
 }
 
-static inline __m512 widen(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }
-
 /* R (16 x 16 32-bit units, a vector a row) transposed in place */
 static inline void transpose16(__m512i *r) {
     __m512i t[16];
@@ -90,7 +88,7 @@ static void pack_dy(const uint16_t *dy, int64_t n, int64_t out, int64_t t0, int6
         for (int k = 0; k < 16; k++) {
             int64_t t = t0 + 32 * s + 2 * k;
             __m256i lo = row16(dy, n, out, t, 16 * o), hi = row16(dy, n, out, t + 1, 16 * o);
-            *sum = _mm512_add_ps(_mm512_add_ps(*sum, widen(lo)), widen(hi));
+            *sum = _mm512_add_ps(_mm512_add_ps(*sum, vwiden(lo)), vwiden(hi));
             r[k] = interleave(lo, hi);
         }
         transpose16(r);
