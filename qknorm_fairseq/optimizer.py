@@ -16,12 +16,14 @@ either optimizer resumes with the other. The LR scheduler and fp16/bf16 (fp32 ma
 fairseq's, as with `adam`; the gradient norm for clipping, one `norm` per parameter in fairseq, is
 one multi-tensor operation here, with the same result.
 
-With `--fused-adam` under `--bf16` on a CPU, trainer.FlatBF16Optimizer's flat fp32 master steps in one
-C loop (csrc/flat_adam.c, built by native.py) that reads the model's bf16 gradients and writes its bf16
-weights as it goes, where fairseq's step widens the gradients into the master's, steps, and narrows the
-weights back: three passes over every parameter, and two of them a copy per parameter tensor. The
-same formula as the compiled loop, other rounding (fp32 throughout, no fused multiply-add); the
-gradient norm for clipping is summed in fp64 from the bf16 gradients.
+With `--fused-adam` on a CPU the update is one C loop (csrc/flat_adam.c, built by native.py). Under
+`--bf16`, trainer.FlatBF16Optimizer's flat fp32 master steps in it, reading the model's bf16 gradients and
+writing its bf16 weights as it goes, where fairseq's step widens the gradients into the master's, steps,
+and narrows the weights back: three passes over every parameter, and two of them a copy per parameter
+tensor. In fp32 every parameter tensor steps in place in one call, where the compiled loop is one call
+per tensor, and the clipping factor is applied inside it, where clip_grad_norm would multiply every
+gradient first. The same formula as the compiled loop, other rounding (fp32 throughout, no fused
+multiply-add); the gradient norm for clipping is summed in fp64.
 """
 import ctypes
 import math
@@ -45,8 +47,9 @@ class MultiTensorAdamConfig(FairseqDataclass):
     weight_decay: float = field(default=0.0, metadata={"help": "decoupled weight decay, as fairseq's adam"})
     fused_adam: bool = field(default=False, metadata={
         "help": "the update as one loop per tensor compiled by torch.compile (a C++ compiler on a CPU), with "
-                "--bf16's clipping and unscaling folded in; on a CPU under --bf16 the gradient norm and the update "
-                "each one C loop from the bf16 gradients to the bf16 weights: the same formula, other rounding"})
+                "--bf16's clipping and unscaling folded in; on a CPU the gradient norm and the update each one C loop "
+                "over all parameters (under --bf16 from the bf16 gradients to the bf16 weights), the clipping folded "
+                "in: the same formula, other rounding"})
     lr: List[float] = II("optimization.lr")
 
 
@@ -56,6 +59,13 @@ class MultiTensorAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.fused = fused
+        self.clip_factor = 1.0  # what FairseqMultiTensorAdam.clip_grad_norm left to the next C step to apply
+
+    def c_steps(self, params):
+        """Whether csrc/flat_adam.c steps PARAMS (with gradients) in fp32: --fused-adam, CPU fp32 parameters and
+        gradients, contiguous, and the library built."""
+        return self.fused and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                                  for p in params for t in (p, p.grad)) and adam_library() is not None
 
     @property
     def supports_memory_efficient_fp16(self):
@@ -90,6 +100,9 @@ class MultiTensorAdam(torch.optim.Optimizer):
                 buckets[(p.device, state["step"])].append(p)
             beta1, beta2 = group["betas"]
             for (_, step), ps in buckets.items():
+                if self.c_steps(ps):
+                    self._c_step(group, step, ps, scale)
+                    continue
                 if self.fused:
                     self._fused_step(group, step, ps, scale)
                     continue
@@ -106,13 +119,28 @@ class MultiTensorAdam(torch.optim.Optimizer):
                 if group["weight_decay"] != 0:
                     torch._foreach_add_(ps, ps, alpha=-group["weight_decay"] * group["lr"])
                 torch._foreach_addcdiv_(ps, exp_avgs, denom, value=-step_size)
+        self.clip_factor = 1.0
         return loss
+
+    def _c_step(self, group, step, ps, scale):
+        """The step of fp32 parameters PS, in place, in csrc/flat_adam.c's loop: the gradients times the
+        clipping factor and 1 / SCALE on the way."""
+        states = [self.state[p] for p in ps]
+        for state in states:  # a checkpoint's moments may come back as other views
+            state["exp_avg"], state["exp_avg_sq"] = state["exp_avg"].contiguous(), state["exp_avg_sq"].contiguous()
+        beta1, beta2 = group["betas"]
+        step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+        factor = self.clip_factor / (1.0 if scale is None else float(scale))
+        adam_library().qk_adam_f32(
+            len(ps), _pointers(ps), _pointers([p.grad for p in ps]), _pointers([s["exp_avg"] for s in states]),
+            _pointers([s["exp_avg_sq"] for s in states]), _sizes(ps), factor, step_size, beta1, beta2, group["eps"],
+            group["weight_decay"] * group["lr"], torch.get_num_threads())
 
     @torch.no_grad()
     def flat_bf16_step(self, weights, grads, factor):
         """The fused step of this optimizer's one flat fp32 parameter (the master of the bf16 WEIGHTS,
         end to end) from their bf16 GRADS (None: no gradient) times FACTOR, the weights written back
-        rounded to bf16: csrc/flat_adam.c's loop (flat_bf16_library())."""
+        rounded to bf16: csrc/flat_adam.c's loop (adam_library())."""
         (group,) = self.param_groups
         (flat,) = group["params"]
         state = self.state[flat]
@@ -121,7 +149,7 @@ class MultiTensorAdam(torch.optim.Optimizer):
         state["step"] += 1
         beta1, beta2 = group["betas"]
         step_size = group["lr"] * math.sqrt(1 - beta2**state["step"]) / (1 - beta1**state["step"])
-        flat_bf16_library().qk_adam_bf16(
+        adam_library().qk_adam_bf16(
             len(weights), _pointers(weights), _pointers(grads), _sizes(weights), flat.data_ptr(),
             state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), float(factor), step_size, beta1, beta2,
             group["eps"], group["weight_decay"] * group["lr"], torch.get_num_threads())
@@ -138,12 +166,13 @@ class MultiTensorAdam(torch.optim.Optimizer):
                         beta1, beta2, group["eps"], group["weight_decay"] * group["lr"])
 
 
-def flat_bf16_library():
+def adam_library():
     """csrc/flat_adam.c's loops, or None (a warning, once) where they cannot be built."""
     return native.kernels("flat_adam", {
-        "qk_sumsq_bf16": ([ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], ctypes.c_double),
+        "qk_sumsq": ([ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_double),
         "qk_adam_bf16": ([ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_float] * 6 + [ctypes.c_int], None),
-    }, "--fused-adam", "the bf16 weights step through the compiled loop and fairseq's copies instead")
+        "qk_adam_f32": ([ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_float] * 6 + [ctypes.c_int], None),
+    }, "--fused-adam", "every tensor steps through the compiled loop (under --bf16 with fairseq's copies) instead")
 
 
 def _pointers(tensors):
@@ -154,10 +183,18 @@ def _sizes(tensors):
     return (ctypes.c_int64 * len(tensors))(*(t.numel() for t in tensors))
 
 
-def bf16_grad_norm(weights, grads):
-    """The l2 norm of GRADS (bf16, None: none), as an fp32 scalar tensor: csrc/flat_adam.c's sum in fp64."""
-    total = flat_bf16_library().qk_sumsq_bf16(len(grads), _pointers(grads), _sizes(weights), torch.get_num_threads())
-    return torch.tensor(math.sqrt(total), dtype=torch.float32)
+def grad_norm(weights, grads):
+    """The l2 norm of GRADS (of WEIGHTS, bf16 or fp32, each a tensor or None: none), as an fp32 scalar tensor:
+    csrc/flat_adam.c's sum in fp64."""
+    return torch.tensor(_grad_norm(weights, grads), dtype=torch.float32)
+
+
+def _grad_norm(weights, grads):
+    dtype = _C_DTYPES[weights[0].dtype]
+    return math.sqrt(adam_library().qk_sumsq(len(grads), _pointers(grads), _sizes(weights), dtype, torch.get_num_threads()))
+
+
+_C_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/common.h's F32, BF16
 
 
 @register_optimizer("multi_tensor_adam", dataclass=MultiTensorAdamConfig)
@@ -184,10 +221,21 @@ class FairseqMultiTensorAdam(FairseqOptimizer):
     def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
         """fairseq's utils.clip_grad_norm_ (the norm of the per-tensor fp32 norms, then every gradient
         times min(1, max_norm / (norm + 1e-6))), bit for bit, with one multi-tensor norm instead of
-        one norm and one copy per parameter."""
+        one norm and one copy per parameter; where the C loop steps (c_steps), the norm summed in fp64 and
+        the factor left to the step."""
         grads = [p.grad for p in self.params if p.grad is not None]
         if any(hasattr(p, "expert") for p in self.params) or len(grads) < 2:
             return super().clip_grad_norm(max_norm, aggregate_norm_fn)
+        params = [p for p in self.params if p.grad is not None]
+        if self._optimizer.c_steps(params):  # the norm in fp64, the factor applied by the step
+            norm = _grad_norm(params, grads)
+            total_norm = torch.tensor(norm, dtype=torch.float32)
+            if aggregate_norm_fn is not None:
+                total_norm = aggregate_norm_fn(total_norm)
+                norm = float(total_norm)
+            if max_norm > 0:
+                self._optimizer.clip_factor = min(1.0, max_norm / (norm + 1e-6))
+            return total_norm
         total_norm = torch.norm(torch.stack(torch._foreach_norm(grads, dtype=torch.float32)))
         if aggregate_norm_fn is not None:
             total_norm = aggregate_norm_fn(total_norm)

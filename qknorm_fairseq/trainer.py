@@ -68,7 +68,7 @@ class FlatBF16Optimizer(FP16Optimizer):
         if not all(t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.is_contiguous()
                    for t in weights + [g for g in grads if g is not None]):
             return None
-        if multi_tensor_adam.flat_bf16_library() is None:
+        if multi_tensor_adam.adam_library() is None:
             return None
         return weights, grads
 
@@ -77,7 +77,7 @@ class FlatBF16Optimizer(FP16Optimizer):
         if native is None:
             return super().clip_grad_norm(max_norm, aggregate_norm_fn)
         # fairseq's clip_grad_norm without the copy into the master's gradient (scaler: None under bf16)
-        norm = multi_tensor_adam.bf16_grad_norm(*native)
+        norm = multi_tensor_adam.grad_norm(*native)
         grad_norm = self._multiply_factor * (norm if aggregate_norm_fn is None else aggregate_norm_fn(norm))
         if max_norm > 0.0:
             self._multiply_factor *= (max_norm / (grad_norm + 1e-6)).clamp_(max=1)

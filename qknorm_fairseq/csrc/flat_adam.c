@@ -1,7 +1,9 @@
-/* --fused-adam under --bf16 on a CPU: the update of the flat fp32 master (trainer.FlatBF16Optimizer)
+/* --fused-adam on a CPU. Under --bf16: the update of the flat fp32 master (trainer.FlatBF16Optimizer)
  * read from the model's bf16 gradients and written back into its bf16 weights in the same pass.
  * fairseq's step makes three: the gradients widened into the master's gradient, Adam, and the
- * weights narrowed back, each over every parameter.
+ * weights narrowed back, each over every parameter. In fp32: every parameter tensor stepped in place
+ * in one call, the clipping factor applied on the way, where the per-tensor loops make one call (and
+ * the clipping one more pass) per tensor.
  *
  * The formula is optimizer.py's, in fp32 (-ffp-contract=off: every product and sum rounded on its
  * own): g = grad * factor (fairseq's clipping factor), the moments, the decoupled weight decay and
@@ -20,9 +22,9 @@
 
 static inline float square(float v) { return v * v; }
 
-/* The sum of squares of N bf16 tensors (NULL: skipped), each split into blocks among the threads;
+/* The sum of squares of N tensors of DTYPE (NULL: skipped), each split into blocks among the threads;
  * the threads' sums added in thread order, so a call's bits depend on the thread count only. */
-double qk_sumsq_bf16(int n, const uint16_t *const *tensors, const int64_t *sizes, int threads) {
+double qk_sumsq(int n, const void *const *tensors, const int64_t *sizes, int dtype, int threads) {
     double partial[MAX_THREADS] = {0};
     if (threads > MAX_THREADS)
         threads = MAX_THREADS;
@@ -36,8 +38,7 @@ double qk_sumsq_bf16(int n, const uint16_t *const *tensors, const int64_t *sizes
 #pragma omp for schedule(static) nowait
             for (int64_t b = 0; b < blocks; b++) {
                 int64_t start = b * BLOCK, len = sizes[t] - start < BLOCK ? sizes[t] - start : BLOCK;
-                const uint16_t *x = tensors[t] + start;
-                sum += LANE_SUM(len, square(bf16_to_f32(x[j])));
+                BY_DTYPE(sum += LANE_SUM(len, square(load(tensors[t], DT, start + j)));)
             }
         }
         partial[omp_get_thread_num()] = sum;
@@ -48,8 +49,8 @@ double qk_sumsq_bf16(int n, const uint16_t *const *tensors, const int64_t *sizes
     return total;
 }
 
-static inline void adam(float g, float *p, float *m, float *v, uint16_t *w, float step_size, float beta1,
-                        float beta2, float eps, float decay) {
+static inline float adam(float g, float *p, float *m, float *v, float step_size, float beta1, float beta2,
+                         float eps, float decay) {
     float mi = *m * beta1 + g * (1.0f - beta1);
     float vi = *v * beta2 + g * g * (1.0f - beta2);
     float pi = *p;
@@ -59,7 +60,7 @@ static inline void adam(float g, float *p, float *m, float *v, uint16_t *w, floa
     *m = mi;
     *v = vi;
     *p = pi;
-    *w = f32_to_bf16(pi);
+    return pi;
 }
 
 /* One Adam step of N tensors laid end to end in the flat master P with moments M and V: tensor t's
@@ -77,14 +78,33 @@ void qk_adam_bf16(int n, uint16_t *const *weights, const uint16_t *const *grads,
             if (g != NULL) {
 #pragma omp for schedule(static) nowait
                 for (int64_t i = 0; i < sizes[t]; i++)
-                    adam(bf16_to_f32(g[i]) * factor, pt + i, mt + i, vt + i, w + i, step_size, beta1, beta2, eps,
-                         decay);
+                    w[i] = f32_to_bf16(
+                        adam(bf16_to_f32(g[i]) * factor, pt + i, mt + i, vt + i, step_size, beta1, beta2, eps, decay));
             } else {
 #pragma omp for schedule(static) nowait
                 for (int64_t i = 0; i < sizes[t]; i++)
-                    adam(0.0f, pt + i, mt + i, vt + i, w + i, step_size, beta1, beta2, eps, decay);
+                    w[i] = f32_to_bf16(adam(0.0f, pt + i, mt + i, vt + i, step_size, beta1, beta2, eps, decay));
             }
             offset += sizes[t];
+        }
+    }
+}
+
+/* One Adam step of N fp32 tensors P[t] in place, with moments M[t] and V[t]: gradient GRADS[t] (fp32, NULL:
+ * no step, as multi_tensor_adam leaves a parameter without a gradient) times FACTOR. */
+void qk_adam_f32(int n, float *const *p, const float *const *grads, float *const *m, float *const *v,
+                 const int64_t *sizes, float factor, float step_size, float beta1, float beta2, float eps, float decay,
+                 int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        for (int t = 0; t < n; t++) {
+            const float *g = grads[t];
+            if (g == NULL)
+                continue;
+            float *pt = p[t], *mt = m[t], *vt = v[t];
+#pragma omp for schedule(static) nowait
+            for (int64_t i = 0; i < sizes[t]; i++)
+                adam(g[i] * factor, pt + i, mt + i, vt + i, step_size, beta1, beta2, eps, decay);
         }
     }
 }
