@@ -85,7 +85,7 @@ class QKNormConfig(FairseqDataclass):
     packed_decoder: bool = field(
         default=False, metadata={"help": "in training, the decoder computes its target's tokens only, not the "
                                          "padding: embeddings, norms, projections, feed-forward layers and output "
-                                         "layer on one row per token (on a CPU up to 1/16 more, so that a "
+                                         "layer on one row per token (on a CPU in bf16 up to 1/16 more, so that a "
                                          "batch's row count is one of a few), only the attention cores padded; with "
                                          "--target-vocab-mask and masked_label_smoothed_cross_entropy the logits "
                                          "and loss of the allowed types only (the same loss and gradient up to "

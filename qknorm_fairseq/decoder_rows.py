@@ -13,10 +13,11 @@ sentence (docs/performance.md). The model returns the logits of those rows, (N, 
 targets of the same rows, so every criterion that flattens logits and targets (fairseq's too)
 computes the same loss up to rounding: a token's output depends on no pad (pads are masked keys and
 come after a sentence's end). Dropout draws masks of another shape, so a run is not the bit-for-bit
-twin of one without the flag. On a CPU the rows go on past the tokens to one of a few counts (padded_size: at
-most 16 an octave, at most 1/16 more), copies of the last token that the attention cores never read
-and whose logits are cut before the loss: oneDNN compiles a kernel for each matrix-product
-shape, and a batch's token count is new at most batches of epoch 1. They change no loss or gradient
+twin of one without the flag. On a CPU in bf16 (or fp16) the rows go on past the tokens to one of a few counts
+(padded_size: at most 16 an octave, at most 1/16 more), copies of the last token that the attention cores never
+read and whose logits are cut before the loss: oneDNN compiles a kernel for each such matrix-product
+shape, and a batch's token count is new at most batches of epoch 1. fp32's products compile nothing per
+shape, so in fp32 the rows stop at the tokens (pads_rows). They change no loss or gradient
 but for rounding (the weight gradients' sums run over more rows, of zeros). On a CPU a group's grid is
 written from the rows, and read back, by csrc/grids.c in one pass each, in the layout the attention's
 products read (torch's ops: zeros, index_copy and a transposing copy; the same bits); under
@@ -91,6 +92,14 @@ def group_sizes(lengths, max_groups, min_gain=MIN_GAIN):
     return sizes
 
 
+def pads_rows(module):
+    """Whether MODULE's (the decoder's or the encoder's) rows go on to padded_size: on a CPU where its products
+    run in bf16 or fp16, for which oneDNN builds a kernel per shape; fp32's products build none, so there
+    the rows would cost without paying."""
+    weight = next(module.parameters())
+    return weight.device.type == "cpu" and (weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu"))
+
+
 def padded_size(n):
     """N rounded up to a multiple of 2^(bits(N) - 5): at most 16 sizes an octave, at most N/16 more.
     oneDNN compiles a kernel for each matrix-product shape it meets (milliseconds each,
@@ -156,9 +165,10 @@ class Rows:
     trimmed to its longest sentence: on TED gl->en a batch's target lengths vary widely (its
     sentences are sorted by source length), so one grid per batch pads 38.7% of its positions, three
     groups 11.4% (docs/performance.md). With more than one group the rows go group by group, longest
-    sentences first. One host read of the lengths (a sync on a GPU)."""
+    sentences first. With PADDED (pads_rows) rows past the tokens follow (padded_size). One host read
+    of the lengths (a sync on a GPU)."""
 
-    def __init__(self, tokens, pad, max_groups):
+    def __init__(self, tokens, pad, max_groups, padded=False):
         self.bsz, self.length = tokens.shape
         real = tokens.ne(pad)
         # a sentence's first token: targets may be left- or right-padded
@@ -172,9 +182,9 @@ class Rows:
         position = np.arange(len(sentence)) - first_row[sentence]  # its position in that sentence
         device = tokens.device
         self.index = torch.from_numpy(order[sentence] * self.length + starts[sentence] + position).to(device)
-        # on a CPU, rows past the tokens, copies of the last one (padded_size): each layer's products see one
+        # with PADDED, rows past the tokens, copies of the last one (padded_size): each layer's products see one
         # of a few row counts; the attention cores never read them, and the logits are cut to the tokens' rows
-        self.pad_rows = padded_size(len(sentence)) - len(sentence) if device.type == "cpu" else 0
+        self.pad_rows = padded_size(len(sentence)) - len(sentence) if padded else 0
         self._taken = torch.cat([self.index, self.index[-1:].expand(self.pad_rows)]) if self.pad_rows else self.index
         self.groups = []
         first = 0
@@ -285,7 +295,7 @@ def decoder_rows(decoder, prev_output_tokens, encoder_out):
     extra["packed_rows"] the rows' index into the flat (batch, length) grid; with the decoder's
     vocabulary mask the logits are (N, V') and extra["packed_types"] maps a type to its column
     (-1: a type the mask forbids)."""
-    rows = Rows(prev_output_tokens, decoder.padding_idx, decoder.packed_groups)
+    rows = Rows(prev_output_tokens, decoder.padding_idx, decoder.packed_groups, padded=pads_rows(decoder))
     x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
     if decoder.embed_positions is not None:
         x = x + decoder.embed_positions(prev_output_tokens)

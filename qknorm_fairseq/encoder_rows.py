@@ -4,9 +4,9 @@ fairseq's encoder computes every position of a (source length, batch) grid, pads
 --packed-encoder its embeddings' rows are taken at the source's tokens (decoder_rows.Rows, one
 length group: a batch's sources are sorted by length, so one grid pads little) and every
 position-wise op (norms, projections, feed-forward layers, dropout) runs on those rows; only the
-self-attention cores see the (sentences, length) grid. On a CPU the rows go on to one of a few
-counts (decoder_rows.padded_size): oneDNN builds a kernel for each matrix-product shape it meets,
-milliseconds each, and a batch's source length x sentences is new at most batches of epoch 1.
+self-attention cores see the (sentences, length) grid. On a CPU in bf16 (or fp16) the rows go on to one
+of a few counts (decoder_rows.padded_size, pads_rows): oneDNN builds a kernel for each matrix-product shape it
+meets, milliseconds each, and a batch's source length x sentences is new at most batches of epoch 1.
 
 With --packed-decoder the encoder-decoder attention projects its keys and values from these rows
 too (the same row counts) and reads them on the source's grid; without it the decoder gets fairseq's
@@ -16,7 +16,7 @@ a run is not the bit-for-bit twin of one without the flag.
 """
 import torch
 
-from .decoder_rows import Rows
+from .decoder_rows import Rows, pads_rows
 from .sublayers import feed_forward, residual_sublayers
 
 
@@ -30,7 +30,7 @@ def encoder_rows(encoder, src_tokens, grid=True):
     """ENCODER's training forward on the source's tokens only: fairseq's encoder_out dict, with
     "encoder_rows" the rows (N + padding rows, C) and "source_rows" their Rows; "encoder_out" the
     (src_len, bsz, C) grid only with GRID (the packed decoder reads the rows)."""
-    rows = Rows(src_tokens, encoder.padding_idx, max_groups=1)
+    rows = Rows(src_tokens, encoder.padding_idx, max_groups=1, padded=pads_rows(encoder))
     x, embedding = encoder.forward_embedding(src_tokens)
     x = rows.take(x)
     for layer in encoder.layers:

@@ -230,6 +230,28 @@ def test_padded_sizes_are_few_and_close_above():
     assert padded_size(2200) == 2304
 
 
+def test_rows_are_padded_on_a_cpu_in_bf16_only(tiny_data):
+    """padded_size's rows pay where oneDNN builds a kernel per product shape (bf16 or fp16 products on a CPU):
+    an fp32 model's decoder and encoder rows stop at the tokens, a bf16 model's (or under autocast) go on."""
+    from qknorm_fairseq.encoder_rows import encoder_rows
+
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *NO_DROPOUT, "--packed-decoder", "--packed-encoder")
+    model.train()
+    sample = train_sample(task)
+    src, prev = sample["net_input"]["src_tokens"], sample["net_input"]["prev_output_tokens"]
+    tokens = int(src.ne(task.src_dict.pad()).sum())
+    assert padded_size(tokens) > tokens, tokens  # a count that padding changes
+    assert not decoder_rows.pads_rows(model.decoder) and not decoder_rows.pads_rows(model.encoder)
+    assert encoder_rows(model.encoder, src)["encoder_rows"][0].shape[0] == tokens
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert decoder_rows.pads_rows(model.decoder)
+    model.bfloat16()
+    assert decoder_rows.pads_rows(model.decoder) and decoder_rows.pads_rows(model.encoder)
+    rows = Rows(prev, task.tgt_dict.pad(), 3, padded=True)
+    assert rows.pad_rows == padded_size(len(rows.index)) - len(rows.index)
+    assert encoder_rows(model.encoder, src)["encoder_rows"][0].shape[0] == padded_size(tokens)
+
+
 def test_padding_rows_change_no_loss_and_no_gradient(tiny_data, monkeypatch):
     """The rows past the tokens (padded_size) pass through the layers' position-wise work only: the loss
     and gradients of a batch with seven of them are those without, and the logits the tokens' rows."""
@@ -238,9 +260,10 @@ def test_padding_rows_change_no_loss_and_no_gradient(tiny_data, monkeypatch):
     criterion = MaskedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     sample = train_sample(task)
     results = {}
+    monkeypatch.setattr(decoder_rows, "pads_rows", lambda module: True)  # as in bf16 on a CPU
     for extra in (0, 7):
         monkeypatch.setattr(decoder_rows, "padded_size", lambda n, _extra=extra: n + _extra)
-        assert Rows(sample["net_input"]["prev_output_tokens"], task.tgt_dict.pad(), 3).pad_rows == extra
+        assert Rows(sample["net_input"]["prev_output_tokens"], task.tgt_dict.pad(), 3, padded=True).pad_rows == extra
         tokens = int(sample["target"].ne(task.tgt_dict.pad()).sum())
         assert model(**sample["net_input"])[0].shape[0] == tokens
         results[extra] = _loss_and_grads(model, task, criterion, sample, True)
@@ -267,7 +290,7 @@ def test_the_groups_gradients_are_those_of_the_per_group_ops_written_once():
     tokens = torch.tensor([[5, 6, 1, 1, 1, 1, 1, 1], [7, 8, 9, 4, 4, 4, 4, 1], [3, 1, 1, 1, 1, 1, 1, 1],
                            [1, 1, 1, 5, 6, 7, 8, 9], [4] * 8])
     rows = Rows(tokens, pad=1, max_groups=3)
-    rows.pad_rows = 3  # as padded_size gives on a CPU for larger batches
+    rows.pad_rows = 3  # as padded_size gives on a CPU in bf16 for larger batches
     assert len(rows.groups) == 3
     g = torch.Generator().manual_seed(0)
     n = len(rows.index) + rows.pad_rows
