@@ -190,11 +190,9 @@ def grad_norm(weights, grads):
 
 
 def _grad_norm(weights, grads):
-    dtype = _C_DTYPES[weights[0].dtype]
+    dtype = native.DTYPES[weights[0].dtype]
     return math.sqrt(adam_library().qk_sumsq(len(grads), _pointers(grads), _sizes(weights), dtype, torch.get_num_threads()))
 
-
-_C_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/common.h's F32, BF16
 
 
 @register_optimizer("multi_tensor_adam", dataclass=MultiTensorAdamConfig)
@@ -223,10 +221,10 @@ class FairseqMultiTensorAdam(FairseqOptimizer):
         times min(1, max_norm / (norm + 1e-6))), bit for bit, with one multi-tensor norm instead of
         one norm and one copy per parameter; where the C loop steps (c_steps), the norm summed in fp64 and
         the factor left to the step."""
-        grads = [p.grad for p in self.params if p.grad is not None]
+        params = [p for p in self.params if p.grad is not None]
+        grads = [p.grad for p in params]
         if any(hasattr(p, "expert") for p in self.params) or len(grads) < 2:
             return super().clip_grad_norm(max_norm, aggregate_norm_fn)
-        params = [p for p in self.params if p.grad is not None]
         if self._optimizer.c_steps(params):  # the norm in fp64, the factor applied by the step
             norm = _grad_norm(params, grads)
             total_norm = torch.tensor(norm, dtype=torch.float32)
