@@ -69,6 +69,7 @@ def keep_mask(shape, keep, dtype, device=None):
 
 MUL, ADD, RELU = range(3)
 _SIGNATURES = {
+    "qk_seed_state": ([ctypes.c_uint64, ctypes.c_void_p], None),
     "qk_draws": ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_uint64] * 4 + [ctypes.c_int], None),
     "qk_dropout_forward": ([ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_uint64] * 4
                            + [ctypes.c_int, ctypes.c_float, ctypes.c_int], None),
@@ -96,9 +97,15 @@ _LOW = 2**64 - 1
 
 def generator_state():
     """The PCG64DXSM state (high and low words of the state, then of the increment) the numpy
-    path's generator starts from for the next mask."""
-    state = np.random.PCG64DXSM(_seed()).state["state"]
-    return (state["state"] >> 64, state["state"] & _LOW, state["inc"] >> 64, state["inc"] & _LOW)
+    path's generator starts from for the next mask: computed by the C kernels where they are built
+    (numpy's seeding takes 25 µs a call, and a step makes dozens), else by numpy."""
+    lib = library()
+    if lib is None:
+        state = np.random.PCG64DXSM(_seed()).state["state"]
+        return (state["state"] >> 64, state["state"] & _LOW, state["inc"] >> 64, state["inc"] & _LOW)
+    out = (ctypes.c_uint64 * 4)()
+    lib.qk_seed_state(_seed(), out)
+    return tuple(out)
 
 
 @functools.cache

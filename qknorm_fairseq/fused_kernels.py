@@ -14,11 +14,15 @@ forward and one backward (csrc/l2_normalize.c, built by native.py): Inductor's l
 row twice where the C loop reads it once (docs/performance.md times both). The same formula in fp32,
 other rounding; where no C compiler is found, the compiled loops run, with a warning.
 
-On a CPU too, the matmul attention's additive mask, softmax and dropout are one C loop forward and one
+On a CPU too, --fused-loss's two passes over the logits (fp32 or bf16) are C loops (csrc/loss.c): the same
+formula in fp32 with the attention softmax's exponential (below), other rounding than Inductor's loops, without
+a compiled graph's calling cost (its guards and wrappers, in Python, at every call).
+
+On a CPU as well, the matmul attention's additive mask, softmax and dropout are one C loop forward and one
 backward (csrc/softmax_dropout.c) where the dropout is --fast-dropout's (the same draws, so the same kept
 units) or none: the softmax in fp32 with its own exponential, other rounding than torch's softmax.
 
-On a CPU as well, LayerNorm (fp32 or bf16 rows, the weight and bias of their dtype) is one C loop forward
+On a CPU, LayerNorm (fp32 or bf16 rows, the weight and bias of their dtype) is one C loop forward
 and one backward (csrc/layer_norm.c; RowsLayerNorm, torch's LayerNorm with its class swapped, the
 same parameters): the formula in fp32, rounded once, where torch's bf16 backward sums the weight's and bias's
 gradients less exactly. In a pre-norm layer, --fast-dropout's residual dropout and the LayerNorm after it
@@ -543,6 +547,62 @@ def lp_normalize(x, p, eps):
     return _compiled_lp_normalize(x, p, eps)
 
 
-loss_statistics = _compiled(_loss_statistics)
-loss_gradient = _compiled(_loss_gradient)
+_compiled_loss_statistics = _compiled(_loss_statistics)
+_compiled_loss_gradient = _compiled(_loss_gradient)
+
+
+def _loss_library():
+    return native.kernels("loss", {
+        "qk_loss_statistics": ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+                               + [ctypes.c_int], ctypes.c_int64),
+        "qk_loss_gradient": ([ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int],
+                             None),
+    }, "--fused-kernels", "the label-smoothed loss runs as Inductor's compiled loops instead")
+
+
+def loss_kernel(name, *args):
+    """Runs csrc/loss.c's NAME (one place for step_profile to time them)."""
+    return getattr(_loss_library(), name)(*args)
+
+
+def _loss_in_c(logits):
+    return (logits.device.type == "cpu" and logits.dtype in native.DTYPES and logits.dim() == 2 and logits.is_contiguous()
+            and native.is_enabled() and _loss_library() is not None)
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+def loss_statistics(logits, target, forbidden):
+    """Per row of LOGITS (N, V): logsumexp, the target's logit and the sum of the allowed logits (FORBIDDEN:
+    bool (V,), or None), in fp32 (fp64 logits: fp64): on a CPU csrc/loss.c's loop, else Inductor's."""
+    if not _loss_in_c(logits):
+        return _compiled_loss_statistics(logits, target, forbidden)
+    rows, types = logits.shape
+    target = target.to(torch.int64).contiguous()
+    forbidden = None if forbidden is None else forbidden.to(torch.uint8).contiguous()
+    lse, tgt, total = (logits.new_empty(rows, dtype=torch.float32) for _ in range(3))
+    outside = loss_kernel("qk_loss_statistics", native.DTYPES[logits.dtype], logits.data_ptr(), target.data_ptr(),
+                          _ptr(forbidden), rows, types, lse.data_ptr(), tgt.data_ptr(), total.data_ptr(),
+                          native.threads(logits.numel()))
+    if outside:
+        raise ValueError(f"--fused-loss: {outside} targets lie outside the logits' {types} types: the targets and the "
+                         f"output layer come from different dictionaries")
+    return lse, tgt, total
+
+
+def loss_gradient(logits, lse, c_softmax, target, c_nll, c_smooth, weights):
+    """softmax(LOGITS) * c_softmax - c_nll onehot(TARGET) - c_smooth WEIGHTS (None: 1 for every type), per row,
+    rounded once to the logits' dtype: on a CPU csrc/loss.c's loop, else Inductor's."""
+    if not _loss_in_c(logits):
+        return _compiled_loss_gradient(logits, lse, c_softmax, target, c_nll, c_smooth, weights)
+    rows, types = logits.shape
+    f32 = [t.to(torch.float32).contiguous() for t in (lse, c_softmax, c_nll, c_smooth)]
+    weights = None if weights is None else weights.to(torch.float32).contiguous()
+    grad = torch.empty_like(logits)
+    loss_kernel("qk_loss_gradient", native.DTYPES[logits.dtype], logits.data_ptr(), f32[0].data_ptr(), f32[1].data_ptr(),
+                target.to(torch.int64).contiguous().data_ptr(), f32[2].data_ptr(), f32[3].data_ptr(), _ptr(weights), rows,
+                types, grad.data_ptr(), native.threads(logits.numel()))
+    return grad
 adam_update = _compiled(_adam_update, "--fused-adam")

@@ -70,6 +70,50 @@ static inline void pcg_words(u128 *state, u128 inc, uint64_t *words, int64_t n) 
         words[i] = pcg_next(state, inc);
 }
 
+/* numpy's PCG64DXSM(SEED) state: SEED through numpy's SeedSequence (its 32-bit words hashed into a pool of
+ * four, then four 64-bit words out), which seed the LCG as PCG's setseq srandom does, with the 128-bit
+ * default multiplier (the draws step with the cheap one). Into OUT: the state's high and low words, then the
+ * increment's. The hash's constants and steps are SeedSequence's (numpy/random/bit_generator.pyx). */
+static inline uint32_t seed_hashmix(uint32_t v, uint32_t *h) {
+    v ^= *h;
+    *h *= 0x931e8875u;
+    v *= *h;
+    return v ^ (v >> 16);
+}
+
+static inline uint32_t seed_mix(uint32_t x, uint32_t y) {
+    uint32_t r = 0xca01f9ddu * x - 0x4973f715u * y;
+    return r ^ (r >> 16);
+}
+
+static inline void pcg_seed_state(uint64_t seed, uint64_t out[4]) {
+    uint32_t entropy[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)}, pool[4], h = 0x43b0d7e5u, words[8];
+    int n = seed >> 32 ? 2 : 1; /* seed's 32-bit words, low first; 0 is one word */
+    for (int i = 0; i < 4; i++)
+        pool[i] = seed_hashmix(i < n ? entropy[i] : 0, &h);
+    for (int src = 0; src < 4; src++)
+        for (int dst = 0; dst < 4; dst++)
+            if (src != dst)
+                pool[dst] = seed_mix(pool[dst], seed_hashmix(pool[src], &h));
+    uint32_t g = 0x8b51f9ddu;
+    for (int i = 0; i < 8; i++) {
+        uint32_t v = pool[i % 4] ^ g;
+        g *= 0x58f38dedu;
+        v *= g;
+        words[i] = v ^ (v >> 16);
+    }
+    uint64_t w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = (uint64_t)words[2 * i] | (uint64_t)words[2 * i + 1] << 32;
+    const u128 multiplier = ((u128)2549297995355413924ULL << 64) | 4865540595714422341ULL;
+    u128 inc = (((u128)w[2] << 64 | w[3]) << 1) | 1, state = inc;  /* 0 stepped once is the increment */
+    state = (state + ((u128)w[0] << 64 | w[1])) * multiplier + inc;
+    out[0] = (uint64_t)(state >> 64);
+    out[1] = (uint64_t)state;
+    out[2] = (uint64_t)(inc >> 64);
+    out[3] = (uint64_t)inc;
+}
+
 #define CHUNK 256 /* words drawn at a time */
 
 /* The stream's draws from any one on (not only a word's first), in order. */

@@ -22,45 +22,6 @@
 #include "pcg.h"
 #include "simd.h"
 
-/* e^v's constants: 1/ln2, 1.5 2^23 (adding and subtracting it rounds to an integer), ln2 in two parts, and the
- * polynomial's coefficients, highest first (exp_nonpositive and its 16-lane form, vexp_nonpositive) */
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_ROUND 12582912.0f
-#define EXP_LN2_HI -0.693359375f
-#define EXP_LN2_LO 2.12194440e-4f
-static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                                  1.6666665459e-1f, 5.0000001201e-1f};
-
-static inline float exp_nonpositive(float v) {
-    /* e^v for v <= 0, -inf or NaN */
-    float c = v < -87.0f ? -87.0f : v; /* NaN stays NaN */
-    float n = (c * EXP_LOG2E + EXP_ROUND) - EXP_ROUND; /* rounded to an integer */
-    float r = __builtin_fmaf(n, EXP_LN2_LO, __builtin_fmaf(n, EXP_LN2_HI, c)); /* c - n ln2 */
-    float p = EXP_POLY[0];
-    for (int k = 1; k < 6; k++)
-        p = __builtin_fmaf(p, r, EXP_POLY[k]);
-    p = __builtin_fmaf(p, r * r, r + 1.0f);
-    union { int32_t bits; float value; } two_n = {((int32_t)n + 127) << 23}; /* 2^n, n in [-126, 0] */
-    return v < -87.0f ? 0.0f : p * two_n.value;
-}
-
-static inline float row_max(const float *e, int64_t s) {
-    /* in LANES lanes: vectorised */
-    float lanes[LANES], max = -INFINITY;
-    for (int k = 0; k < LANES; k++)
-        lanes[k] = -INFINITY;
-    int64_t i = 0;
-    for (; i + LANES <= s; i += LANES)
-        for (int k = 0; k < LANES; k++)
-            lanes[k] = e[i + k] > lanes[k] ? e[i + k] : lanes[k];
-    for (; i < s; i++)
-        lanes[0] = e[i] > lanes[0] ? e[i] : lanes[0];
-    for (int half = LANES / 2; half > 0; half /= 2) /* a tree: a max is the same in any order */
-        for (int k = 0; k < half; k++)
-            lanes[k] = lanes[k + half] > lanes[k] ? lanes[k + half] : lanes[k];
-    return lanes[0] > max ? lanes[0] : max;
-}
-
 /* E (PADDED values) = the exponentials of row O of SCORES plus row MO of MASK, less their max, 0 past S. */
 static inline void exponentials(int dtype, const void *scores, const void *mask, int64_t o, int64_t mo, int64_t s,
                                 int64_t padded, float *e) {

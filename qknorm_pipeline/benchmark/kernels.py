@@ -14,7 +14,7 @@ softmax's, the dropouts', LayerNorm's on (tokens, dim), the l2 normalisation's) 
 builds; a linear layer (tokens, dim) -> 4 dim with its weight and bias gradients from the AMX kernel against
 torch's product and sum; --fused-loss's label-smoothed loss against the criterion's path through fp32 log_softmax on bf16
 logits (tokens, vocab); --fused-kernels' compiled normalisation (bf16, p = 2) and loss against their eager
-paths, and torch's dropout through torch.compile against --fast-dropout's, where a C++ compiler is found (the
+paths and their C loops against them, and torch's dropout through torch.compile against --fast-dropout's, where a C++ compiler is found (the
 compiling falls in the warm-up call, outside the times). Prints (and with --out writes OUT.md) the median
 microseconds per call, forward and forward + backward, and the ratio to the reference.
 """
@@ -66,7 +66,7 @@ def run(opts):
                   ("lp_normalize p=2 bf16", lambda x: lp_normalize(x, 2), "vector_norm p=2 bf16",
                    (opts.tokens, opts.heads, hd), bf16)]
 
-    def without_c(fn):  # without the C loops: --fast-dropout's masks applied by torch's ops, l2 compiled
+    def without_c(fn):  # without the C loops: --fast-dropout's masks applied by torch's ops, l2 and loss compiled
         def run(x):
             with native.enabled(False):
                 return fn(x)
@@ -128,10 +128,16 @@ def run(opts):
                "log_softmax loss bf16", (opts.tokens, opts.vocab), bf16)]
     if fused_kernels.has_compiler():
         native.inductor_cache()
+
+        def fused_kernels_loss(x):  # on a CPU csrc/loss.c's loops, without_c Inductor's
+            return FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, True)[0]
+
         compiled_dropout = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.4), dynamic=True)
         cases += [("compiled torch dropout bf16", compiled_dropout, "fast_dropout bf16", (opts.tokens, 4 * d), bf16),
-                  ("fused_kernels loss bf16", lambda x: FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, True)[0],
-                   "fused loss bf16", (opts.tokens, opts.vocab), bf16)]
+                  ("fused_kernels loss bf16, compiled", without_c(fused_kernels_loss), "fused loss bf16",
+                   (opts.tokens, opts.vocab), bf16),
+                  ("fused_kernels loss bf16", fused_kernels_loss, "fused_kernels loss bf16, compiled",
+                   (opts.tokens, opts.vocab), bf16)]
         if 2 in opts.p:
             cases += [("fused_kernels lp_normalize p=2 bf16, compiled",
                        without_c(lambda x: fused_kernels.lp_normalize(x, 2.0, EPS)), "lp_normalize p=2 bf16",

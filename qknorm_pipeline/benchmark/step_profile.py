@@ -20,8 +20,8 @@ the share of the eight costliest (self time; op_ms, top_ops), and its time by op
 ms; FAMILIES below): the optimizer step and the gradient clipping whole, --fast-dropout's mask draws
 whole (numpy's included) and its C loops whole (draws and masks applied, forward and backward),
 --fused-kernels' compiled loops, its l2 and LayerNorm C loops as norms (with the residual dropout before a
-LayerNorm where one loop applies both), its attention softmax's C loops as softmax,
-every other ATen op by its name, and "framework" for the rest of the wall time (Python, dispatch, the
+LayerNorm where one loop applies both), its attention softmax's and --fused-loss's C loops as softmax and
+loss, every other ATen op by its name, and "framework" for the rest of the wall time (Python, dispatch, the
 autograd engine, the profiler's own cost);
 then the training split's batches as the trainer draws them in an epoch: their number, the
 distinct (sentences, source length, target length) shapes and the padding fraction (pad tokens /
@@ -69,11 +69,13 @@ ELEMENTWISE = "elementwise and copies"  # every other ATen op: casts, residuals,
 COMPILED, COMPILED_EVENT = "compiled loops", "## Call CompiledFxGraph"
 # whole regions of an update, everything inside them (Python and non-ATen work too)
 OPTIMIZER = "optimizer and clip"
-# kernel: --fast-dropout's C loops; l2_kernel, layer_norm_kernel and softmax_kernel: --fused-kernels' l2
-# normalisation's, LayerNorm's (with the residual dropout before it) and attention softmax's (its dropout too);
+# kernel: --fast-dropout's C loops; l2_kernel, layer_norm_kernel, softmax_kernel and loss_kernel: --fused-kernels' l2
+# normalisation's, LayerNorm's (with the residual dropout before it), attention softmax's (its dropout too) and
+# --fused-loss's;
 # weight_grad_kernel: its linear layers' weight gradients in AMX tiles (their bias gradients summed on the way)
 REGIONS = {"clip": OPTIMIZER, "step": OPTIMIZER, "keep_mask": "dropout", "kernel": "dropout", "l2_kernel": "norms",
-           "layer_norm_kernel": "norms", "softmax_kernel": "softmax and loss", "weight_grad_kernel": "matrix products"}
+           "layer_norm_kernel": "norms", "softmax_kernel": "softmax and loss", "loss_kernel": "softmax and loss",
+           "weight_grad_kernel": "matrix products"}
 FRAMEWORK = "framework"
 
 
@@ -204,7 +206,7 @@ def profiled(trainer, original, samples, raise_oom):
 
     saved = (trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask, fast_dropout.kernel,
              fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel,
-             fused_kernels.weight_grad_kernel)
+             fused_kernels.loss_kernel, fused_kernels.weight_grad_kernel)
     trainer.clip_grad_norm = regioned("clip", trainer.clip_grad_norm)
     trainer.optimizer.step = regioned("step", trainer.optimizer.step)
     fast_dropout.keep_mask = regioned("keep_mask", fast_dropout.keep_mask)
@@ -212,6 +214,7 @@ def profiled(trainer, original, samples, raise_oom):
     fused_kernels.kernel = regioned("l2_kernel", fused_kernels.kernel)
     fused_kernels.softmax_kernel = regioned("softmax_kernel", fused_kernels.softmax_kernel)
     fused_kernels.layer_norm_kernel = regioned("layer_norm_kernel", fused_kernels.layer_norm_kernel)
+    fused_kernels.loss_kernel = regioned("loss_kernel", fused_kernels.loss_kernel)
     fused_kernels.weight_grad_kernel = regioned("weight_grad_kernel", fused_kernels.weight_grad_kernel)
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -221,7 +224,7 @@ def profiled(trainer, original, samples, raise_oom):
     finally:
         (trainer.clip_grad_norm, trainer.optimizer.step, fast_dropout.keep_mask, fast_dropout.kernel,
          fused_kernels.kernel, fused_kernels.softmax_kernel, fused_kernels.layer_norm_kernel,
-         fused_kernels.weight_grad_kernel) = saved
+         fused_kernels.loss_kernel, fused_kernels.weight_grad_kernel) = saved
     return result, {"update_ms": round(wall_ms, 1), **time_shares(prof),
                     "op_families": op_families(prof.events(), wall_ms)}
 

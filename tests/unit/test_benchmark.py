@@ -70,7 +70,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                                              "relu dropout, torch's ops", "relu dropout") for t in ("fp32", "bf16")),
                      "sdpa attention fp32", "matmul attention fp32",
                      "sdpa attention bf16", "matmul attention bf16", "log_softmax loss bf16", "fused loss bf16",
-                     *(["compiled torch dropout bf16", "fused_kernels loss bf16", "fused_kernels lp_normalize p=2 bf16, compiled",
+                     *(["compiled torch dropout bf16", "fused_kernels loss bf16, compiled", "fused_kernels loss bf16",
+                        "fused_kernels lp_normalize p=2 bf16, compiled",
                         "fused_kernels lp_normalize p=2 bf16"]
                        if compiler else []),
                      *(["fused_kernels lp_normalize p=2 bf16, portable C"] if compiler and native.compiler() else []),

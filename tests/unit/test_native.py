@@ -89,6 +89,17 @@ def test_the_kernels_draw_numpys_pcg64dxsm_stream_split_across_threads(threads):
         assert torch.equal(out, expected), n
 
 
+@needs_library
+def test_the_streams_state_for_a_seed_is_numpys_seeding_of_pcg64dxsm(monkeypatch):
+    # seeds of one and two 32-bit words, 0, and the largest _seed draws; then generator_state itself
+    seeds = [0, 1, 2**31, 2**32 - 1, 2**32, 2**62 - 1, *np.random.default_rng(5).integers(0, 2**62, 200).tolist()]
+    for seed in seeds:
+        state = np.random.PCG64DXSM(seed).state["state"]
+        expected = (state["state"] >> 64, state["state"] & (2**64 - 1), state["inc"] >> 64, state["inc"] & (2**64 - 1))
+        monkeypatch.setattr(fast_dropout, "_seed", lambda seed=seed: seed)
+        assert fast_dropout.generator_state() == expected, seed
+
+
 def _run(pattern, x, r, dy, native_on, threads):
     drop = FastDropout(0.3)
     xs, rs = x.clone().requires_grad_(), r.clone().requires_grad_()
