@@ -98,7 +98,7 @@ _LOW = 2**64 - 1
 def generator_state():
     """The PCG64DXSM state (high and low words of the state, then of the increment) the numpy
     path's generator starts from for the next mask: computed by the C kernels where they are built
-    (numpy's seeding takes 25 µs a call, and a step makes dozens), else by numpy."""
+    (numpy's seeding, a generator object a call, is several times slower), else by numpy."""
     lib = library()
     if lib is None:
         state = np.random.PCG64DXSM(_seed()).state["state"]

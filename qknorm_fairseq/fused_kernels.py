@@ -605,4 +605,6 @@ def loss_gradient(logits, lse, c_softmax, target, c_nll, c_smooth, weights):
                 target.to(torch.int64).contiguous().data_ptr(), f32[2].data_ptr(), f32[3].data_ptr(), _ptr(weights), rows,
                 types, grad.data_ptr(), native.threads(logits.numel()))
     return grad
+
+
 adam_update = _compiled(_adam_update, "--fused-adam")

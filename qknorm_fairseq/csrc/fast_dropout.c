@@ -38,10 +38,10 @@ enum { MUL = 0, ADD = 1, RELU = 2 }; /* x * m, residual + x * m, relu(x) * m */
         }                                                                                  \
     }
 
-/* N draws of the stream, as numpy's random_raw viewed as int16 gives them. */
 /* The stream's state for SEED, as numpy's PCG64DXSM(SEED) starts it (pcg_seed_state), into OUT[4]. */
 void qk_seed_state(uint64_t seed, uint64_t *out) { pcg_seed_state(seed, out); }
 
+/* N draws of the stream, as numpy's random_raw viewed as int16 gives them. */
 void qk_draws(int16_t *out, int64_t n, STATE_ARGS, int threads) {
     STATE_INIT
     FOR_BLOCKS(n, { memcpy(out + off, draw, (size_t)len * sizeof(int16_t)); })

@@ -62,7 +62,7 @@ void qk_loss_gradient(int dtype, const void *logits, const float *lse, const flo
                          store(grad, DT, o + j, exp_nonpositive(load(logits, DT, o + j) - l) * cs - cm);
                  int64_t t = target[r];
                  if (t >= 0 && t < types)
-                         store(grad, DT, o + t, exp_nonpositive(load(logits, DT, o + t) - l) * cs - c_nll[r]
-                                            - cm * (weights ? weights[t] : 1.0f));
+                     store(grad, DT, o + t, exp_nonpositive(load(logits, DT, o + t) - l) * cs - c_nll[r]
+                                                - cm * (weights ? weights[t] : 1.0f));
              })
 }

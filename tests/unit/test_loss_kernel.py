@@ -43,7 +43,7 @@ def _counting(monkeypatch):
 def test_the_statistics_and_gradient_are_the_formulas_in_fp64(monkeypatch, dtype, masked):
     """logsumexp, the target's logit and the allowed logits' sum to fp32 rounding (the sum relative to the sum of
     magnitudes); the gradient to fp32's rounding, or one bf16 step; 1 and 2 threads the same bits (rows of 1,031
-    types: 64 lanes and a tail)."""
+    types: 64 vectors of 16 lanes and a tail of 7)."""
     calls = _counting(monkeypatch)
     logits, target, forbidden = _case(dtype, masked)
     x = logits.double()
