@@ -122,8 +122,8 @@ def _forward(kind, x, residual, keep):
     """(the output, the kept units as bytes; None for RELU, whose backward reads the output)"""
     y = torch.empty_like(x)
     kept = None if kind == RELU else torch.empty(x.shape, dtype=torch.uint8)
-    kernel("qk_dropout_forward", kind, native.DTYPES[x.dtype], x.data_ptr(), None if residual is None else residual.data_ptr(),
-           y.data_ptr(), None if kept is None else kept.data_ptr(), x.numel(), *generator_state(), threshold(keep),
+    kernel("qk_dropout_forward", kind, native.DTYPES[x.dtype], x.data_ptr(), native.pointer(residual),
+           y.data_ptr(), native.pointer(kept), x.numel(), *generator_state(), threshold(keep),
            scale(keep, x.dtype), native.threads(x.numel()))
     return y, kept
 

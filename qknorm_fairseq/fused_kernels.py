@@ -200,7 +200,7 @@ class _L2Grids(torch.autograd.Function):
             grid = x.new_empty(group.count, heads, group.length, d)
             kernel("qk_l2_to_grid", native.DTYPES[x.dtype], x[group.start].data_ptr(), grid.data_ptr(),
                    r[group.start * heads].data_ptr(), group.lengths.ctypes.data, group.count, heads, d, group.length,
-                   floor, None if gain is None else gain.data_ptr(), native.threads(grid.numel()))
+                   floor, native.pointer(gain), native.threads(grid.numel()))
             grids.append(grid)
         ctx.save_for_backward(x, r, gain)
         ctx.rows, ctx.g_like = rows, None if g is None else (g.dtype, g.shape)
@@ -220,7 +220,7 @@ class _L2Grids(torch.autograd.Function):
             grad = grad.contiguous()
             kernel("qk_l2_from_grid", native.DTYPES[x.dtype], x[group.start].data_ptr(), grad.data_ptr(),
                    r[group.start * heads].data_ptr(), dx[group.start].data_ptr(), group.lengths.ctypes.data, group.count,
-                   heads, d, group.length, None if gain is None else gain.data_ptr(),
+                   heads, d, group.length, native.pointer(gain),
                    None if dg is None else dg[first].data_ptr(), native.threads(grad.numel()))
             first += group.count * heads
         if dg is not None:
@@ -274,9 +274,8 @@ def _norm_backward(ctx, dh, gx=None):
     dy = None if kept is None else torch.empty_like(x)
     gx = None if kept is None else gx.contiguous()
     layer_norm_kernel("qk_layer_norm_backward", native.DTYPES[x.dtype], dh.data_ptr(), x.data_ptr(), mean.data_ptr(),
-                      r.data_ptr(), weight.data_ptr(), None if gx is None else gx.data_ptr(),
-                      None if kept is None else kept.data_ptr(), ctx.scale, dx.data_ptr(),
-                      None if dy is None else dy.data_ptr(), dw.data_ptr(), db.data_ptr(), r.numel(), x.size(-1),
+                      r.data_ptr(), weight.data_ptr(), native.pointer(gx), native.pointer(kept), ctx.scale, dx.data_ptr(),
+                      native.pointer(dy), dw.data_ptr(), db.data_ptr(), r.numel(), x.size(-1),
                       native.threads(x.numel()))
     return dx, dy, dw, db
 
@@ -500,7 +499,7 @@ class _SoftmaxDropout(torch.autograd.Function):
         state = fast_dropout.generator_state() if p else (0, 0, 0, 0)
         ctx.scale = fast_dropout.scale(keep, scores.dtype)
         softmax_kernel("qk_softmax_dropout_forward",
-            native.DTYPES[scores.dtype], scores.data_ptr(), None if mask is None else mask.data_ptr(), *strides,
+            native.DTYPES[scores.dtype], scores.data_ptr(), native.pointer(mask), *strides,
             y.data_ptr(), *(None, None) if out is None else (out.data_ptr(), kept.data_ptr()), *scores.shape, *state,
             fast_dropout.threshold(keep), ctx.scale, native.threads(scores.numel()))
         ctx.save_for_backward(y, kept)
@@ -512,7 +511,7 @@ class _SoftmaxDropout(torch.autograd.Function):
         grad = grad.contiguous()
         dx = torch.empty_like(y)
         softmax_kernel("qk_softmax_dropout_backward",
-            native.DTYPES[y.dtype], grad.data_ptr(), y.data_ptr(), None if kept is None else kept.data_ptr(), dx.data_ptr(),
+            native.DTYPES[y.dtype], grad.data_ptr(), y.data_ptr(), native.pointer(kept), dx.data_ptr(),
             y.numel() // y.size(-1), y.size(-1), ctx.scale, native.threads(y.numel()))
         return dx, None, None
 
@@ -570,10 +569,6 @@ def _loss_in_c(logits):
             and native.is_enabled() and _loss_library() is not None)
 
 
-def _ptr(t):
-    return None if t is None else t.data_ptr()
-
-
 def loss_statistics(logits, target, forbidden):
     """Per row of LOGITS (N, V): logsumexp, the target's logit and the sum of the allowed logits (FORBIDDEN:
     bool (V,), or None), in fp32 (fp64 logits: fp64): on a CPU csrc/loss.c's loop, else Inductor's."""
@@ -584,7 +579,7 @@ def loss_statistics(logits, target, forbidden):
     forbidden = None if forbidden is None else forbidden.to(torch.uint8).contiguous()
     lse, tgt, total = (logits.new_empty(rows, dtype=torch.float32) for _ in range(3))
     outside = loss_kernel("qk_loss_statistics", native.DTYPES[logits.dtype], logits.data_ptr(), target.data_ptr(),
-                          _ptr(forbidden), rows, types, lse.data_ptr(), tgt.data_ptr(), total.data_ptr(),
+                          native.pointer(forbidden), rows, types, lse.data_ptr(), tgt.data_ptr(), total.data_ptr(),
                           native.threads(logits.numel()))
     if outside:
         raise ValueError(f"--fused-loss: {outside} targets lie outside the logits' {types} types: the targets and the "
@@ -602,7 +597,7 @@ def loss_gradient(logits, lse, c_softmax, target, c_nll, c_smooth, weights):
     weights = None if weights is None else weights.to(torch.float32).contiguous()
     grad = torch.empty_like(logits)
     loss_kernel("qk_loss_gradient", native.DTYPES[logits.dtype], logits.data_ptr(), f32[0].data_ptr(), f32[1].data_ptr(),
-                target.to(torch.int64).contiguous().data_ptr(), f32[2].data_ptr(), f32[3].data_ptr(), _ptr(weights), rows,
+                target.to(torch.int64).contiguous().data_ptr(), f32[2].data_ptr(), f32[3].data_ptr(), native.pointer(weights), rows,
                 types, grad.data_ptr(), native.threads(logits.numel()))
     return grad
 

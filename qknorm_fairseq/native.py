@@ -114,6 +114,11 @@ def load(name, portable=False):
     return ctypes.CDLL(str(lib))
 
 
+def pointer(t):
+    """T's data pointer for a C kernel, None (NULL) for no tensor."""
+    return None if t is None else t.data_ptr()
+
+
 _kernels = {}  # (name, portable) -> the library with its signatures set, or None: what kernels() returned
 _portable = False
 

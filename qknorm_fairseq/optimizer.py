@@ -176,7 +176,7 @@ def adam_library():
 
 
 def _pointers(tensors):
-    return (ctypes.c_void_p * len(tensors))(*(None if t is None else t.data_ptr() for t in tensors))
+    return (ctypes.c_void_p * len(tensors))(*map(native.pointer, tensors))
 
 
 def _sizes(tensors):
