@@ -100,6 +100,9 @@ class NormAttention(MultiheadAttention):
                 kernels.RowsLinear.swap(projection)
             self._fits_softmax_dropout, self._softmax_dropout = kernels.fits_softmax_dropout, kernels.softmax_dropout
             self._linears = kernels.linears
+            from . import step_attention
+
+            self._fits_step, self._step_attention = step_attention.fits, step_attention.attention
         if fast_dropout:
             from .fast_dropout import swap_dropouts  # imported only here: see model._swap_dropouts
 
@@ -166,7 +169,8 @@ class NormAttention(MultiheadAttention):
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.bool()
 
-        out, weights = self.attend(q, k, v, key_padding_mask, attn_mask, explicit=need_weights)
+        out, weights = self.attend(q, k, v, key_padding_mask, attn_mask, explicit=need_weights,
+                                   step=incremental_state is not None)
         if weights is not None:
             weights = weights.reshape(bsz, self.num_heads, tgt_len, -1).transpose(0, 1)  # (heads, bsz, tgt, src)
             if not need_head_weights:
@@ -256,12 +260,12 @@ class NormAttention(MultiheadAttention):
             value = key
         return (*self.key_value_heads(key, value, key.size(1)), key_padding_mask)
 
-    def attend(self, q, k, v, key_padding_mask=None, attn_mask=None, explicit=False):
+    def attend(self, q, k, v, key_padding_mask=None, attn_mask=None, explicit=False, step=False):
         """The attention of q (bsz, heads, tgt, head_dim) over k and v (kv_bsz, heads, src, head_dim),
         through out_proj: (out (tgt, bsz, embed), weights). bsz may be a multiple of kv_bsz: the beams
         of a sentence over its one copy of the source. With `explicit` (and always for DNAS/HNAS) the
         weights are computed as such and returned, (bsz, heads, tgt, src): another rounding than the
-        fused kernel's; otherwise weights is None."""
+        fused kernel's; otherwise weights is None. STEP: a decoding step's (_fused)."""
         bsz, _, tgt_len, _ = q.shape
         kv_bsz = k.size(0)
         beams = bsz // kv_bsz
@@ -273,7 +277,7 @@ class NormAttention(MultiheadAttention):
                 attn_mask = attn_mask.repeat(beams, 1)
 
         if self.weights == "softmax" and not explicit:
-            out, weights = self._fused(q, k, v, key_padding_mask, attn_mask), None
+            out, weights = self._fused(q, k, v, key_padding_mask, attn_mask, step=step), None
         else:
             out, weights = self._explicit(q, k, v, key_padding_mask, attn_mask)
 
@@ -284,15 +288,17 @@ class NormAttention(MultiheadAttention):
         out = out.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
         return self.out_proj(out.reshape(tgt_len, bsz, self.embed_dim)), weights
 
-    def _fused(self, q, k, v, key_padding_mask, attn_mask, scaled=False):
+    def _fused(self, q, k, v, key_padding_mask, attn_mask, scaled=False, step=False):
         """Softmax attention in the weights' precision: through scaled_dot_product_attention (fused
-        kernels where available) or, with --attention-kernel matmul, as matmul, softmax, matmul. SCALED:
-        QKNorm's g is in q already."""
+        kernels where available) or, with --attention-kernel matmul, as matmul, softmax, matmul; a decoding
+        STEP's, with --fused-kernels, through step_attention's C loop where it takes them. SCALED: QKNorm's g
+        is in q already."""
         dropout_p = self.dropout_module.p if self.training else 0.0
         # scaled_dot_product_attention draws its own dropout mask (bernoulli_): --fast-dropout's mask
         # needs the steps spelt out
         explicit = self.attention_kernel == "matmul" or (self.fast_dropout and dropout_p > 0)
-        if explicit:
+        step = step and self.fused_kernels and not self.training
+        if explicit and not step:
             # each head's rows in memory order: matmul copies a permuted view (the heads of a
             # (len, bsz, embed) projection) inside each product, forward and backward, more slowly
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -300,6 +306,12 @@ class NormAttention(MultiheadAttention):
             q, scale = q if scaled else q * self.qk_scale.to(q.dtype), 1.0  # fold g into q
         else:
             scale = self.scaling
+        if step:  # the C loop reads the decoder cache's keys where they lie, where matmul would copy them
+            mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
+            if self._fits_step(q, k, v, mask):
+                return self._step_attention(q, k, v, mask, scale)
+            if explicit:
+                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if explicit:
             scores = torch.matmul(q if scale == 1.0 else q * scale, k.transpose(-1, -2))
             mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)

@@ -80,9 +80,9 @@ class QKNormConfig(FairseqDataclass):
                                          "mask, softmax and "
                                          "dropout (--fast-dropout's, or none) one C loop, and LayerNorm C loops "
                                          "(pre-norm: with --fast-dropout's residual dropout before it), and bf16 "
-                                         "linear layers with the bias inside oneDNN's product; the same "
-                                         "formulas, another rounding "
-                                         "(qknorm_fairseq/fused_kernels.py)"})
+                                         "linear layers with the bias inside oneDNN's product; in beam search on a "
+                                         "CPU, a decoding step's attention one C loop over the cached keys; the "
+                                         "same formulas, another rounding (qknorm_fairseq/fused_kernels.py, step_attention.py)"})
     packed_decoder: bool = field(
         default=False, metadata={"help": "in training, the decoder computes its target's tokens only, not the "
                                          "padding: embeddings, norms, projections, feed-forward layers and output "

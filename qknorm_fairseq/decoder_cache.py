@@ -198,7 +198,7 @@ class DecoderCache:
                 lp_normalize(qk, attn.p, out=qk)
         c.kv.select(3, t).copy_(qkv.narrow(1, 1, 2))
         x = attn._fused(qkv.select(1, 0).unsqueeze(2), c.keys.narrow(2, 0, t + 1), c.values.narrow(2, 0, t + 1),
-                        None, None)
+                        None, None, step=True)
         return _linear(x.view(rows, -1), *c.out)
 
     def _cross(self, c, x):
@@ -212,7 +212,7 @@ class DecoderCache:
         sentences = k.size(0)
         q = q.view(sentences, -1, self.heads, self.head_dim).transpose(1, 2).contiguous()
         if not c.explicit:
-            out = attn._fused(q, k, v, pad, None).transpose(1, 2)
+            out = attn._fused(q, k, v, pad, None, step=True).transpose(1, 2)
         else:
             q = q.float().view(-1, q.size(2), self.head_dim)
             scores = attn.qk_scale * torch.bmm(q, c.source_keys_t) if attn.scores == "qknorm" else \

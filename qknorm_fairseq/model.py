@@ -46,8 +46,6 @@ def check_args(args):
     needs = {"scalenorm_fixed_g": (args.norm_type == "scalenorm", "--norm-type scalenorm"),
              "word_dropout_specials": (args.word_dropout > 0, "--word-dropout P (P > 0)"),
              "packed_groups": (args.packed_decoder, "--packed-decoder"),
-             "fused_kernels": (uses_qknorm or getattr(args, "fused_loss", False) or args.attention_kernel == "matmul"
-                               or args.fast_dropout, f"{qknorm}, --fused-loss, --attention-kernel matmul or --fast-dropout"),
              **{name: (uses_qknorm, qknorm) for name in ("qknorm_p", "qknorm_g0", "qknorm_percentile")}}
     for name, (used, what) in needs.items():
         if not used and getattr(args, name) != config.DEFAULTS[name]:

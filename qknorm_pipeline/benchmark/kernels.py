@@ -8,7 +8,9 @@ torch.linalg.vector_norm on (tokens, heads, dim / heads), p = 2 also in bf16 (wi
 hand-written backward against autograd's); --fast-dropout's dropout (p = 0.4) on (tokens, 4 dim), its
 C loop against its path through torch's ops and that against torch's dropout, and its ReLU with
 dropout, C loop against torch's ops; and --attention-kernel matmul against scaled_dot_product_attention on (tokens / 24,
-heads, 24, dim / heads), each in fp32 and bf16; --fused-kernels' attention softmax with its dropout
+heads, 24, dim / heads), each in fp32 and bf16; a decoding step's attention (tokens / 2 rows, one query each over 40
+keys, all views into one tensor as the decoder cache's), matmul's and --fused-kernels' C loop against sdpa's, forward
+only; --fused-kernels' attention softmax with its dropout
 (bf16 scores (tokens / 24, heads, 24, 24)), C loop against torch's ops; the C loops with AVX-512 forms (the
 softmax's, the dropouts', LayerNorm's on (tokens, dim), the l2 normalisation's) against their portable
 builds; a linear layer (tokens, dim) -> 4 dim with its weight and bias gradients from the AMX kernel against
@@ -46,6 +48,15 @@ def run(opts):
         return lambda x: module._fused(x, x, x, None, None)
 
     sdpa_attention, matmul_attention = attention("sdpa"), attention("matmul")
+    keys = 40  # a decoding step's self-attention: one query a row over 40 cached keys, read through strides
+
+    def step_attention(kernel, fused=False):  # x (rows, heads, 1 + 2 keys, hd): the query, keys and values as views
+        module = NormAttention(d, opts.heads, self_attention=True, attention_kernel=kernel, fused_kernels=fused).eval()
+
+        def run(x):
+            return module._fused(x[:, :, :1], x[:, :, 1:keys + 1], x[:, :, keys + 1:], None, None, step=True)
+        run.forward_only = True
+        return run
     sentences = max(1, opts.tokens // 24)
 
     def reference_lp(p):  # the formula in autograd's ops, in fp32 (p = 2: the plain ops of norms.l2_normalize)
@@ -89,7 +100,14 @@ def run(opts):
                   (f"relu dropout {tag}", relu_dropout, f"relu dropout, torch's ops {tag}", (opts.tokens, 4 * d), dtype),
                   (f"sdpa attention {tag}", sdpa_attention, None, (sentences, opts.heads, 24, hd), dtype),
                   (f"matmul attention {tag}", matmul_attention, f"sdpa attention {tag}",
-                   (sentences, opts.heads, 24, hd), dtype)]
+                   (sentences, opts.heads, 24, hd), dtype),
+                  (f"sdpa step attention {tag}", step_attention("sdpa"), None, (opts.tokens // 2, opts.heads, 1 + 2 * keys, hd),
+                   dtype),
+                  (f"matmul step attention {tag}", step_attention("matmul"), f"sdpa step attention {tag}",
+                   (opts.tokens // 2, opts.heads, 1 + 2 * keys, hd), dtype)]
+        if native.compiler() is not None:
+            cases.append((f"step attention loop {tag}", step_attention("sdpa", fused=True), f"sdpa step attention {tag}",
+                          (opts.tokens // 2, opts.heads, 1 + 2 * keys, hd), dtype))
     if native.compiler() is not None:  # --fused-kernels' attention softmax and its dropout, one C loop each way
         ones = torch.ones(d, dtype=bf16)
 
@@ -152,7 +170,10 @@ def run(opts):
         print(f"no C++ compiler ({', '.join(fused_kernels.COMPILERS)}) on PATH: --fused-kernels' compiled kernels left out",
               file=sys.stderr)
     inputs = {(shape, dtype): torch.randn(shape).to(dtype) for *_, shape, dtype in cases}
-    times = {(name, grad): [] for name, *_ in cases for grad in (False, True)}
+    def grads(fn):  # forward, and forward + backward but for a decoding step's kernels
+        return (False,) if getattr(fn, "forward_only", False) else (False, True)
+
+    times = {(name, grad): [] for name, fn, *_ in cases for grad in grads(fn)}
 
     def call(fn, x, grad):
         x = x.detach().requires_grad_(grad)
@@ -164,7 +185,7 @@ def run(opts):
 
     for _ in range(opts.reps):
         for name, fn, _, shape, dtype in cases:
-            for grad in (False, True):
+            for grad in grads(fn):
                 call(fn, inputs[shape, dtype], grad)  # warm-up
                 t0 = time.process_time()
                 call(fn, inputs[shape, dtype], grad)
@@ -173,12 +194,16 @@ def run(opts):
              f"repetitions of {opts.iters} calls, process CPU time; torch {torch.__version__})", "",
              f"Inputs: norms on ({opts.tokens}, {d}); l_p normalisation on ({opts.tokens}, {opts.heads}, {hd}); "
              f"dropout on ({opts.tokens}, {4 * d}); attention on "
-             f"({sentences}, {opts.heads}, 24, {hd}), its scores ({sentences}, {opts.heads}, 24, 24); "
+             f"({sentences}, {opts.heads}, 24, {hd}), its scores ({sentences}, {opts.heads}, 24, 24); a decoding step's "
+             f"attention (no backward) on ({opts.tokens // 2}, {opts.heads}, 1, {hd}) queries over {keys} keys; "
              f"loss on ({opts.tokens}, {opts.vocab}).", "",
              "| kernel | forward us | ratio | forward+backward us | ratio | reference |", "|---|---|---|---|---|---|"]
     for name, _, ref, *_ in cases:
         row = [name]
         for grad in (False, True):
+            if (name, grad) not in times:
+                row += ["", ""]
+                continue
             med = statistics.median(times[name, grad])
             row += [f"{med:.1f}", f"{med / statistics.median(times[ref, grad]):.2f}" if ref else "1"]
         lines.append("| " + " | ".join(row + [ref or ""]) + " |")

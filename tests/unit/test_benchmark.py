@@ -70,6 +70,8 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                                              "relu dropout, torch's ops", "relu dropout") for t in ("fp32", "bf16")),
                      "sdpa attention fp32", "matmul attention fp32",
                      "sdpa attention bf16", "matmul attention bf16", "log_softmax loss bf16", "fused loss bf16",
+                     *(f"{k} step attention {t}" for k in ("sdpa", "matmul") for t in ("fp32", "bf16")),
+                     *([f"step attention loop {t}" for t in ("fp32", "bf16")] if native.compiler() else []),
                      *(["compiled torch dropout bf16", "fused_kernels loss bf16, compiled", "fused_kernels loss bf16",
                         "fused_kernels lp_normalize p=2 bf16, compiled",
                         "fused_kernels lp_normalize p=2 bf16"]
@@ -80,8 +82,11 @@ def test_kernels_table_times_every_kernel_against_its_reference(tmp_path, capsys
                                                              "layer norm loop")),
                         "linear bf16", "linear bf16, torch's weight gradient"] if native.compiler() else [])}
     assert all(len(v) == 2 and min(v) > 0 for v in times.values())
+    assert not any(grad for name, grad in times if "step attention" in name)  # decoding: no backward
     md = out.with_suffix(".md").read_text()
     assert md in capsys.readouterr().out
+    row = next(line for line in md.splitlines() if line.startswith("| matmul step attention bf16 |")).split(" | ")
+    assert row[3:5] == ["", ""] and row[-1] == "sdpa step attention bf16 |"
     row = next(line for line in md.splitlines() if line.startswith("| lp_normalize p=4 |")).split(" | ")
     assert row[-1] == "vector_norm p=4 |"
     ratio = statistics.median(times["lp_normalize p=4", True]) / statistics.median(times["vector_norm p=4", True])
