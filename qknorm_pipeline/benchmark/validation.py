@@ -29,7 +29,9 @@ ATen ops and host-device syncs by phase, with their call sites (step_profile's c
 --decoder-step: fairseq's incremental state, or the plugin's preallocated cache), one after the other
 on the same batches (after one untimed batch with each), and checks that both make the same
 hypotheses; a model the cached step cannot run (stock fairseq's) decodes with fairseq's, and its
-records say so.
+records say so. --c-loops off on does the same with the plugin's C loops switched off and on (on a CPU,
+a --fused-kernels model's decoding-step attention); the loops round otherwise, so hypotheses are compared
+only among the steps of one setting.
 """
 import argparse
 import json
@@ -272,30 +274,36 @@ def run(opts):
         raise UserError(f"--max-tokens-valid {min(opts.max_tokens_valid)}: the longest {opts.subset} sentence has "
                         f"{longest} tokens, and fairseq refuses a batch smaller than a sentence; use at least "
                         f"{longest}")
+    from qknorm_fairseq import native
+
     gens, steps = generators(task, model, cfg, opts.decoder_steps)
     for step, gen in gens.items():
         if gen.step != step:
             log("benchmark", f"--decoder-steps {step}: this model decodes with fairseq's step (see the task's log)")
-    if len(gens) > 1:
-        # untimed, one batch with each step: a process's first decoding pays one-time costs (first use of
-        # the kernels and allocations), which would otherwise fall on whichever step runs first
+    variants = [(step, gen, loops) for loops in opts.c_loops for step, gen in gens.items()]
+    if len(variants) > 1:
+        # untimed, one batch with each: a process's first decoding pays one-time costs (first use of the
+        # kernels and allocations), which would otherwise fall on whichever runs first
         warm = to_device(next(iter(valid_batches(task, model, cfg, opts.max_tokens_valid[0], opts.subset))), device)
-        for gen in gens.values():
+        for _, gen, loops in variants:
             task.sequence_generator = gen
-            task.valid_step(warm, model, criterion)
+            with native.enabled(loops == "on"):
+                task.valid_step(warm, model, criterion)
     calls, stop_capturing = capture_strings(task.tgt_dict)
-    found = {(mt, step): [] for mt in opts.max_tokens_valid for step in gens}
+    found = {(mt, step, loops): [] for mt in opts.max_tokens_valid for step, _, loops in variants}
     for rep in range(1, opts.reps + 1):
         for mt in opts.max_tokens_valid:
-            first = None
-            for step, gen in gens.items():
+            first = {}  # per C loops setting: its first step's hypotheses (the loops round otherwise)
+            for step, gen, loops in variants:
                 task.sequence_generator = gen
-                r, hypotheses = validate_once(task, model, criterion, cfg, mt, opts.subset, device, steps)
+                with native.enabled(loops == "on"):
+                    r, hypotheses = validate_once(task, model, criterion, cfg, mt, opts.subset, device, steps)
                 stop_capturing()
-                first = hypotheses if first is None else first
-                r.update(decoder_step=gen.step, same_hypotheses=hypotheses == first)
-                found[mt, step].append(r)
-                log("benchmark", f"rep {rep}/{opts.reps} --max-tokens-valid {mt}, {gen.step} decoder step: "
+                first.setdefault(loops, hypotheses)
+                r.update(decoder_step=gen.step, c_loops=loops, same_hypotheses=hypotheses == first[loops])
+                found[mt, step, loops].append(r)
+                which = f"{gen.step} decoder step" + (f", C loops {loops}" if len(opts.c_loops) > 1 else "")
+                log("benchmark", f"rep {rep}/{opts.reps} --max-tokens-valid {mt}, {which}: "
                                  f"{r['batches']} batches, {r['decoder_calls']} decoder calls, {r['seconds']:.1f} s, "
                                  f"BLEU {r['bleu']:.2f} ({r['sentences']} of {r['of_sentences']} sentences)")
                 if not r["same_hypotheses"]:
@@ -309,8 +317,9 @@ def run(opts):
         sample = next(iter(valid_batches(task, model, cfg, opts.max_tokens_valid[0], opts.subset)))
         for step, gen in gens.items():
             task.sequence_generator = gen
-            profiles[step] = {"decoder_step": gen.step,
-                              **profile_batch(task, model, criterion, to_device(sample, device), steps)}
+            with native.enabled(opts.c_loops[0] == "on"):
+                profiles[step] = {"decoder_step": gen.step,
+                                  **profile_batch(task, model, criterion, to_device(sample, device), steps)}
             log("benchmark", f"{gen.step} decoder step: {profile_text(profiles[step])}")
     date = datetime.now().astimezone().isoformat(timespec="seconds")
     model_name = shareable(opts.checkpoint) if opts.checkpoint else f"{opts.system} untrained (seed {cfg.common.seed})"
@@ -320,8 +329,9 @@ def run(opts):
                 "sentences_per_s": r["sentences"] / r["seconds"], "rep": i + 1, "device": name,
                 "precision": opts.precision, "label": opts.label, "date": date,
                 # one batch of the first size, profiled with each decoder step: in its first record
-                **({"profile": profiles[step]} if step in profiles and mt == opts.max_tokens_valid[0] and i == 0 else {})}
-               for (mt, step), rs in found.items() for i, r in enumerate(rs)]
+                **({"profile": profiles[step]} if step in profiles and mt == opts.max_tokens_valid[0] and i == 0
+                   and loops == opts.c_loops[0] else {})}
+               for (mt, step, loops), rs in found.items() for i, r in enumerate(rs)]
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_atomic(out, json.dumps(old_records(out) + records, indent=1) + "\n")
     print(table(found, opts.reps))
@@ -338,20 +348,21 @@ def command(opts):
              "--max-tokens-valid", *map(str, opts.max_tokens_valid), "--reps", str(opts.reps),
              "--precision", opts.precision, *(["--profile"] if opts.profile else []),
              *(["--decoder-steps", *opts.decoder_steps] if opts.decoder_steps != ["cached"] else []),
+             *(["--c-loops", *opts.c_loops] if opts.c_loops != ["on"] else []),
              *(["--", *opts.extra] if opts.extra else [])]
     return shlex.join(words)
 
 
 def table(found, reps):
-    """A row per --max-tokens-valid value and decoder step: the first repetition's counts, the median
-    seconds, whether the hypotheses are the first step's."""
+    """A row per --max-tokens-valid value, decoder step and C loops setting: the first repetition's counts, the
+    median seconds, whether the hypotheses are the first step's (with the same C loops setting)."""
     first = statistics.median(r["seconds"] for r in next(iter(found.values())))
-    lines = [f"| --max-tokens-valid | decoder step | batches | decoder calls | seconds (median of {reps}) | sentences/s "
-             "| dev BLEU | sentences scored | time vs the first | hypotheses as the first step's |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for (mt, _), rs in found.items():
+    lines = [f"| --max-tokens-valid | decoder step | C loops | batches | decoder calls | seconds (median of {reps}) "
+             "| sentences/s | dev BLEU | sentences scored | time vs the first | hypotheses as the first step's |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (mt, _, loops), rs in found.items():
         s = statistics.median(r["seconds"] for r in rs)
-        lines.append(f"| {mt} | {rs[0]['decoder_step']} | {rs[0]['batches']} | {rs[0]['decoder_calls']} | {s:.2f} | "
+        lines.append(f"| {mt} | {rs[0]['decoder_step']} | {loops} | {rs[0]['batches']} | {rs[0]['decoder_calls']} | {s:.2f} | "
                      f"{rs[0]['sentences'] / s:.1f} | {rs[0]['bleu']:.2f} | {rs[0]['sentences']} of "
                      f"{rs[0]['of_sentences']} | {s / first:.2f} | "
                      f"{'yes' if all(r['same_hypotheses'] for r in rs) else 'NO'} |")
@@ -389,6 +400,9 @@ def add_arguments(s):
                    help="decode with each of these decoder steps in turn (the task's --decoder-step): cached, the "
                         "plugin's preallocated cache; fairseq, fairseq's incremental state (default cached; "
                         "'fairseq cached' times both side by side and compares their hypotheses)")
+    s.add_argument("--c-loops", nargs="+", choices=("on", "off"), default=["on"],
+                   help="decode with the plugin's C loops (on a CPU, a --fused-kernels model's decoding-step "
+                        "attention) on or off; 'off on' times both in turn on the same batches (default on)")
     s.add_argument("--label", default="", help="a note stored with the records")
     s.add_argument("--out", help="the JSON file the records are appended to")
     s.add_argument("extra", nargs="*", default=[], help="after --: fairseq-train flags for the untrained "

@@ -1,6 +1,7 @@
 """`bash scripts/benchmark.sh validation`: fairseq-train's validation (dev-set decoding) timed at
 several validation batch sizes, on the tiny pipeline's trained checkpoint (CPU)."""
 import json
+import re
 
 import torch
 
@@ -49,3 +50,18 @@ def test_validation_is_timed_at_each_batch_size_and_reproduces_fairseq_trains_de
         bad = script("benchmark.sh", "validation", "--pair", "demo", *argv, "--out", str(out), root=tiny_pipeline)
         assert bad.returncode != 0 and says in bad.stderr.strip().splitlines()[-1], bad.stderr[-2000:]
     assert len(json.loads(out.read_text())) == 3
+
+
+def test_the_c_loops_are_timed_off_and_on_side_by_side(tiny_pipeline, tmp_path):
+    """--c-loops off on: each setting on the same batches, in that order, recorded and tabled; this model (no
+    --fused-kernels) decodes through no C loop, so both make the same hypotheses."""
+    ckpt = tiny_pipeline / "checkpoints" / "demo" / "postnorm" / "checkpoint_best.pt"
+    out = tmp_path / "validation.json"
+    p = script("benchmark.sh", "validation", "--pair", "demo", "--checkpoint", str(ckpt), "--max-tokens-valid", "512",
+               "--c-loops", "off", "on", "--out", str(out), root=tiny_pipeline)
+    assert p.returncode == 0, p.stderr[-3000:]
+    off, on = json.loads(out.read_text())
+    assert (off["c_loops"], on["c_loops"]) == ("off", "on") and on["same_hypotheses"] and on["bleu"] == off["bleu"]
+    assert on["command"].endswith("--max-tokens-valid 512 --reps 1 --precision fp32 --c-loops off on")
+    assert re.search(r"\| 512 \| \w+ \| off \|", p.stdout) and re.search(r"\| 512 \| \w+ \| on \|", p.stdout)
+    assert "decoder step, C loops off:" in p.stderr
