@@ -29,10 +29,18 @@ def fits(q, k, v, mask):
             and q.shape[:2] == k.shape[:2] == v.shape[:2] and k.shape[2:] == v.shape[2:] and q.size(3) == k.size(3)
             and q.stride(3) == k.stride(3) == v.stride(3) == 1):
         return False
-    if mask is not None and not (mask.dtype == q.dtype and mask.dim() <= 4 and mask.size(-1) == k.size(2)
-                                 and mask.stride(-1) == 1):
+    scores = (*q.shape[:3], k.size(2))
+    if mask is not None and not (mask.dtype == q.dtype and mask.dim() <= 4 and mask.stride(-1) == 1
+                                 and _broadcast(mask.shape, scores) == scores):
         return False
     return native.is_enabled() and _library() is not None
+
+
+def _broadcast(*shapes):
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None
 
 
 def attention(q, k, v, mask=None, scale=1.0):

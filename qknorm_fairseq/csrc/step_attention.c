@@ -1,6 +1,6 @@
-/* --fused-kernels on a CPU, in evaluation: the attention of a few queries per (batch row, head) over their
- * keys and values, a decoding step's (one query in self-attention, a sentence's beams in cross-attention),
- * one pass per query: fp32 or bf16, fp32 arithmetic, the output rounded once.
+/* --fused-kernels in beam search on a CPU: a decoding step's attention, a few queries per (batch row, head)
+ * over their keys and values (one query in self-attention, a sentence's beams in cross-attention), one pass
+ * per query: fp32 or bf16, fp32 arithmetic, the output rounded once.
  *
  * Per query q of head h in batch row b, over S keys k_j and values v_j (D values each):
  *   s_j = scale (q . k_j) + a_j   (a: the additive mask, 0 or -inf; none without a mask),
@@ -10,8 +10,8 @@
  * applied last. A row of -inf scores gives NaN, as torch's softmax does.
  *
  * Every tensor is read through its strides, its last dimension contiguous: the decoder cache's keys and
- * values are a view into its buffer, which scaled_dot_product_attention reads at half the speed and
- * torch.matmul copies. OUT is contiguous (batch, heads, queries, D).
+ * values are a view into its buffer, which scaled_dot_product_attention reads slowly (in bf16 at a tenth of
+ * this loop's speed: docs/performance.md) and torch.matmul copies. OUT is contiguous (batch, heads, queries, D).
  * Threads: OpenMP over (batch row, head) pairs; a query's arithmetic is the same on any thread count.
  */
 #include "common.h"

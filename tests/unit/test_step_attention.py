@@ -81,6 +81,8 @@ def test_what_the_loop_does_not_take():
     assert not step_attention.fits(q, k.bfloat16(), v, None)
     assert not step_attention.fits(q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v, None)
     assert not step_attention.fits(q, k, v, torch.zeros(k.size(2), dtype=torch.bfloat16))
+    assert step_attention.fits(q, k, v, torch.zeros(q.size(0), 1, 1, k.size(2)))
+    assert not step_attention.fits(q, k, v, torch.zeros(q.size(0) + 1, 1, 1, k.size(2)))  # does not broadcast
     with native.enabled(False):
         assert not step_attention.fits(q, k, v, None)
 
@@ -131,6 +133,9 @@ def test_a_model_decodes_through_the_loop_with_either_step(tiny_data, arch, monk
         m.make_generation_fast_()  # only the last layer's cross-attention asks for weights (computed apart)
     fairseq_lp, cached_lp = _decode(fused, task)
     assert set(calls) == {1, 3}  # self-attention's one query, cross-attention's three beams; the encoder stays
+    # both steps, 9 steps each: 2 self-attentions and the first layer's cross-attention (the last one's weights are
+    # asked for, so it is computed explicitly)
+    assert len(calls) == 2 * 9 * 3
     assert torch.equal(fairseq_lp, cached_lp)
     calls.clear()
     expected, _ = _decode(plain, task)
