@@ -1,5 +1,6 @@
 """What the tests share: the repository's places, commands run as a user runs them, the tiny
 corpus and model, independent (textbook) BLEU and bootstrap, evaluated results and fairseq log lines."""
+import contextlib
 import json
 import math
 import os
@@ -16,6 +17,25 @@ USER_DIR = os.path.join(REPO, "qknorm_fairseq")
 TEST_DATA_VARIABLE = "QKNORM_TEST_DATA"
 SHARED_DATA = os.path.abspath(os.environ.get(TEST_DATA_VARIABLE) or os.path.join(os.path.dirname(REPO), "shared", "data"))
 BIN = os.path.dirname(sys.executable)
+
+
+@contextlib.contextmanager
+def torch_threads(n):
+    """torch's thread count N within it (the C kernels take theirs from it), the count before restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def on_threads(n, fn, *args):
+    """FN(*ARGS) on N of torch's threads."""
+    with torch_threads(n):
+        return fn(*args)
 
 
 # --- commands as a user runs them ---------------------------------------------------------------

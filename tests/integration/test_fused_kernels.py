@@ -9,7 +9,7 @@ import torch
 
 from qknorm_fairseq import criterion, fast_dropout, fused_kernels, native
 
-from helpers import batch, build
+from helpers import batch, build, torch_threads
 
 pytestmark = pytest.mark.skipif(not fused_kernels.has_compiler(),
                                 reason="no C++ compiler on PATH: torch.compile cannot build the CPU kernels")
@@ -60,15 +60,10 @@ def test_bf16_normalisation_rounds_once():
 
 def _normalised(x, dy, threads, c_loops):
     """lp_normalize(X, 2) and the gradient DY sends back, on THREADS threads, with or without the C loops."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with native.enabled(c_loops):
-            xc = x.detach().clone().requires_grad_()
-            y = fused_kernels.lp_normalize(xc, 2.0, 1e-6)
-            y.backward(dy)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(threads), native.enabled(c_loops):
+        xc = x.detach().clone().requires_grad_()
+        y = fused_kernels.lp_normalize(xc, 2.0, 1e-6)
+        y.backward(dy)
     return y.detach(), xc.grad
 
 
@@ -111,16 +106,12 @@ def _masks(dtype):
 
 
 def _softmax_dropout(scores, mask, p, grad, threads):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         x = scores.clone().requires_grad_()
         torch.manual_seed(11)
         state = torch.get_rng_state()
         y = fused_kernels.softmax_dropout(x, mask, p)
         y.backward(grad)
-    finally:
-        torch.set_num_threads(before)
     return y.detach(), x.grad, torch.equal(torch.get_rng_state(), state)
 
 

@@ -11,6 +11,8 @@ from qknorm_fairseq.fast_dropout import FastDropout
 from qknorm_fairseq.fused_kernels import RowsLayerNorm
 from qknorm_fairseq.sublayers import residual_sublayers
 
+from helpers import on_threads, torch_threads
+
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels")
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
@@ -38,13 +40,8 @@ def test_layer_norm_is_the_fp32_formula_rounded_once_with_its_gradients(dtype):
     the same bits on both (dw and db are summed in blocks of rows, not per thread)."""
     x, dy, w, b = _inputs((300, 200), dtype)
     ref = _grads(lambda x, w, b: F.layer_norm(x, (200,), w, b, 1e-5), *(t.double() for t in (x, w, b)), dy.double())
-    before, runs = torch.get_num_threads(), []
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            runs.append(_grads(lambda x, w, b: fused_kernels.layer_norm(x, w, b, 1e-5), x, w, b, dy))
-    finally:
-        torch.set_num_threads(before)
+    runs = [on_threads(threads, _grads, lambda x, w, b: fused_kernels.layer_norm(x, w, b, 1e-5), x, w, b, dy)
+            for threads in (1, 2)]
     tol = 2**-8 if dtype == torch.bfloat16 else 1e-5
     for ours, theirs in zip(runs[0], ref):
         assert ours.dtype == dtype
@@ -95,7 +92,6 @@ def test_dropout_add_norm_is_the_dropout_loop_then_the_norm_loop_bit_for_bit(dty
     norm = norm.to(dtype)
     g = torch.Generator().manual_seed(1)
     y0, r0, gx, gh = (torch.randn(401, 96, generator=g).to(dtype) for _ in range(4))
-    before = torch.get_num_threads()
 
     def run(fused):
         norm.zero_grad()
@@ -105,14 +101,11 @@ def test_dropout_add_norm_is_the_dropout_loop_then_the_norm_loop_bit_for_bit(dty
         torch.autograd.backward((x, h), (gx, gh))
         return [t.detach().clone() for t in (x, h, y.grad, r.grad, norm.weight.grad, norm.bias.grad)]
 
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+    for threads in (1, 2):
+        with torch_threads(threads):
             ours, theirs = run(True), run(False)
-            for a, b in zip(ours, theirs):
-                assert torch.equal(a.view(BITS[dtype]), b.view(BITS[dtype]))
-    finally:
-        torch.set_num_threads(before)
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a.view(BITS[dtype]), b.view(BITS[dtype]))
     kept = (ours[2] != 0).float().mean()  # y's gradient is zero where its unit was dropped
     assert 0.66 < kept < 0.74, kept
 

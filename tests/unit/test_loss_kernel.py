@@ -7,6 +7,8 @@ import torch
 from qknorm_fairseq import fused_kernels, native
 from qknorm_fairseq.criterion import FusedLabelSmoothedNLL, masked_label_smoothed_nll_loss
 
+from helpers import on_threads
+
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels")
 
 
@@ -20,15 +22,6 @@ def _case(dtype, masked, rows=203, types=1031, seed=0):
     allowed = torch.ones(types, dtype=torch.bool) if forbidden is None else ~forbidden
     target = torch.multinomial(allowed.double(), rows, replacement=True, generator=g)
     return logits, target, forbidden
-
-
-def _on_threads(threads, fn, *args):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _counting(monkeypatch):
@@ -49,7 +42,7 @@ def test_the_statistics_and_gradient_are_the_formulas_in_fp64(monkeypatch, dtype
     x = logits.double()
     allowed = torch.ones(x.size(1), dtype=torch.bool) if forbidden is None else ~forbidden
     ref = (torch.logsumexp(x, -1), x.gather(-1, target[:, None]).squeeze(-1), x.masked_fill(~allowed, 0).sum(-1))
-    stats = [_on_threads(t, fused_kernels.loss_statistics, logits, target, forbidden) for t in (1, 2)]
+    stats = [on_threads(t, fused_kernels.loss_statistics, logits, target, forbidden) for t in (1, 2)]
     for a, b in zip(*stats):
         assert a.dtype == torch.float32 and torch.equal(a, b)
     lse, tgt, total = stats[0]
@@ -61,7 +54,7 @@ def test_the_statistics_and_gradient_are_the_formulas_in_fp64(monkeypatch, dtype
     c_softmax, c_nll, c_smooth = torch.rand(3, x.size(0), generator=g)
     c_smooth *= 0.01
     weights = None if forbidden is None else allowed.float()
-    grads = [_on_threads(t, fused_kernels.loss_gradient, logits, lse, c_softmax, target, c_nll, c_smooth, weights)
+    grads = [on_threads(t, fused_kernels.loss_gradient, logits, lse, c_softmax, target, c_nll, c_smooth, weights)
              for t in (1, 2)]
     assert grads[0].dtype == dtype and torch.equal(grads[0], grads[1])
     expected = torch.exp(x - lse.double()[:, None]) * c_softmax.double()[:, None]

@@ -8,7 +8,7 @@ import torch
 from qknorm_fairseq import native, step_attention
 from qknorm_fairseq.decoder_cache import DecoderCache
 
-from helpers import build
+from helpers import build, on_threads
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on PATH to build the kernels")
 
@@ -28,15 +28,6 @@ def _cache_view(dtype, rows=7, heads=3, d=40, steps=21, capacity=32, g=None):
     return q, buf[:, 1, 0, :, :steps], buf[:, 1, 1, :, :steps]
 
 
-def _on_threads(threads, fn, *args):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_cache_views_attention_is_the_formula_in_fp64(dtype):
     """Keys of 40 values (two vectors of 16 lanes and a tail), 21 keys (a block of 16 and one of 5), strided views:
@@ -44,7 +35,7 @@ def test_a_cache_views_attention_is_the_formula_in_fp64(dtype):
     g = torch.Generator().manual_seed(0)
     q, k, v = _cache_view(dtype, g=g)
     assert not k.is_contiguous() and not q.is_contiguous() and step_attention.fits(q, k, v, None)
-    outs = [_on_threads(t, step_attention.attention, q, k, v, None, 0.7) for t in (1, 2)]
+    outs = [on_threads(t, step_attention.attention, q, k, v, None, 0.7) for t in (1, 2)]
     assert torch.equal(*outs) and outs[0].dtype == dtype and outs[0].is_contiguous()
     ref = _reference(q, k, v, None, 0.7)
     tol = 2e-6 if dtype == torch.float32 else 2 ** -8

@@ -10,6 +10,8 @@ import torch
 
 from qknorm_fairseq import fused_kernels, native
 
+from helpers import torch_threads
+
 
 def _amx():
     return native.compiler() is not None and fused_kernels._weight_grad_library() is not None
@@ -59,14 +61,10 @@ def test_a_wrong_layout_fails_the_bound():
 def test_bits_do_not_depend_on_the_threads():
     """Each output is summed over the tokens in order by one thread: 1, 2 and 3 threads give the same bits."""
     dy, x = _inputs(1000, 1024, 256, seed=1)
-    before = torch.get_num_threads()
     results = []
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
+    for threads in (1, 2, 3):
+        with torch_threads(threads):
             results += [fused_kernels.weight_grads(dy, x), fused_kernels.weight_grads(x, dy)]
-    finally:
-        torch.set_num_threads(before)
     for i in range(2, len(results)):
         assert all(torch.equal(a, b) for a, b in zip(results[i % 2], results[i]))
 
