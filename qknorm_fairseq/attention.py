@@ -279,7 +279,8 @@ class NormAttention(MultiheadAttention):
         if self.weights == "softmax" and not explicit:
             out, weights = self._fused(q, k, v, key_padding_mask, attn_mask, step=step), None
         else:
-            out, weights = self._explicit(q, k, v, key_padding_mask, attn_mask)
+            looped = self._step_loop(q, k, v, key_padding_mask, attn_mask, with_weights=True) if step else None
+            out, weights = looped or self._explicit(q, k, v, key_padding_mask, attn_mask)
 
         if beams > 1:
             out = out.view(kv_bsz, self.num_heads, beams, tgt_len, self.head_dim).transpose(1, 2)
@@ -297,21 +298,15 @@ class NormAttention(MultiheadAttention):
         # scaled_dot_product_attention draws its own dropout mask (bernoulli_): --fast-dropout's mask
         # needs the steps spelt out
         explicit = self.attention_kernel == "matmul" or (self.fast_dropout and dropout_p > 0)
-        step = step and self.fused_kernels and not self.training
-        if explicit and not step:
+        if step:  # the C loop reads the decoder cache's keys where they lie, where matmul would copy them
+            looped = self._step_loop(q, k, v, key_padding_mask, attn_mask, scaled=scaled)
+            if looped is not None:
+                return looped[0]
+        if explicit:
             # each head's rows in memory order: matmul copies a permuted view (the heads of a
             # (len, bsz, embed) projection) inside each product, forward and backward, more slowly
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        if self.scores == "qknorm":
-            q, scale = q if scaled else q * self.qk_scale.to(q.dtype), 1.0  # fold g into q
-        else:
-            scale = self.scaling
-        if step:  # the C loop reads the decoder cache's keys where they lie, where matmul would copy them
-            mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
-            if self._fits_step(q, k, v, mask):
-                return self._step_attention(q, k, v, mask, scale)
-            if explicit:
-                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, scale = self._fold_scale(q, scaled)
         if explicit:
             scores = torch.matmul(q if scale == 1.0 else q * scale, k.transpose(-1, -2))
             mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
@@ -328,6 +323,27 @@ class NormAttention(MultiheadAttention):
             mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale)
+
+    def _fold_scale(self, q, scaled=False):
+        """(q, the scores' scale): QKNorm's g folded into q (unless SCALED: there already), else fairseq's."""
+        if self.scores == "qknorm":
+            return q if scaled else q * self.qk_scale.to(q.dtype), 1.0
+        return q, self.scaling
+
+    def _step_loop(self, q, k, v, key_padding_mask, attn_mask, scaled=False, with_weights=False):
+        """A decoding step's softmax attention through step_attention's C loop (--fused-kernels, evaluation,
+        a CPU): (out, the weights (bsz, heads, tgt, src) in fp32 WITH_WEIGHTS, else None); None where the loop
+        does not take them. The output is the same bits with or without the weights, so the layer fairseq asks
+        for weights (the last one's cross-attention) rounds as every other layer."""
+        if not (self.fused_kernels and not self.training and self.weights == "softmax"):
+            return None
+        q, scale = self._fold_scale(q, scaled)
+        mask = self._additive_mask(key_padding_mask, attn_mask, q.dtype)
+        if not self._fits_step(q, k, v, mask):
+            return None
+        if with_weights:
+            return self._step_attention(q, k, v, mask, scale, with_weights=True)
+        return self._step_attention(q, k, v, mask, scale), None
 
     # the last additive masks built, keyed by the mask tensors they were built from: every
     # encoder layer and every cross-attention receive the same source mask, every decoder

@@ -203,15 +203,20 @@ class DecoderCache:
 
     def _cross(self, c, x):
         """Encoder-decoder attention of one step through out_proj, the beams of a sentence folded into
-        its queries as NormAttention.attend folds them; explicit weights as NormAttention._explicit
-        computes them (softmax over the keys), its matmuls as the bmm calls they make."""
+        its queries as NormAttention.attend folds them; through the step loop where it takes them (its
+        output is the same with or without the weights fairseq's step asks of the last layer), else
+        explicit weights as NormAttention._explicit computes them (softmax over the keys), its matmuls as
+        the bmm calls they make."""
         attn, (k, v, pad) = c.cross, c.source
         q = _linear(x, *c.cross_q).view(self.rows, self.heads, self.head_dim)
         if attn.scores == "qknorm":
             q = lp_normalize(q, attn.p)
         sentences = k.size(0)
         q = q.view(sentences, -1, self.heads, self.head_dim).transpose(1, 2).contiguous()
-        if not c.explicit:
+        looped = attn._step_loop(q, k, v, pad, None)
+        if looped is not None:
+            out = looped[0].transpose(1, 2)
+        elif not c.explicit:
             out = attn._fused(q, k, v, pad, None, step=True).transpose(1, 2)
         else:
             q = q.float().view(-1, q.size(2), self.head_dim)

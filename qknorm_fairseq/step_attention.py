@@ -1,7 +1,8 @@
 """--fused-kernels in beam search on a CPU: the attention of a decoding step (one query per row and head in
 self-attention, a sentence's beams in cross-attention) as one C loop, csrc/step_attention.c, reading the
-decoder cache's keys and values where they lie (NormAttention._fused's STEP, from either decoder step).
-Its rounding is its own: fp32 sums in another order than scaled_dot_product_attention's or matmul's.
+decoder cache's keys and values where they lie (NormAttention._step_loop, from either decoder step), and the
+softmax itself where fairseq's step asks a layer for its weights. Its rounding is its own: fp32 sums in another
+order than scaled_dot_product_attention's or matmul's.
 Training, the encoder and the validation loss keep their kernels."""
 import ctypes
 
@@ -15,7 +16,7 @@ _STRIDES = [ctypes.c_void_p] + [ctypes.c_int64] * 3
 
 def _library():
     return native.kernels("step_attention", {
-        "qk_step_attention": ([ctypes.c_int] + _STRIDES * 4 + [ctypes.c_void_p] + [ctypes.c_int64] * 5
+        "qk_step_attention": ([ctypes.c_int] + _STRIDES * 4 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5
                               + [ctypes.c_float, ctypes.c_int], None),
     }, "--fused-kernels", "a decoding step's attention runs as torch's kernels instead")
 
@@ -43,15 +44,17 @@ def _broadcast(*shapes):
         return None
 
 
-def attention(q, k, v, mask=None, scale=1.0):
+def attention(q, k, v, mask=None, scale=1.0, with_weights=False):
     """softmax(scale q k^T + mask) v for q (batch, heads, queries, head_dim) over k, v (batch, heads, keys,
-    head_dim), MASK additive (0 or -inf), as `fits` takes them: (batch, heads, queries, head_dim), contiguous."""
+    head_dim), MASK additive (0 or -inf), as `fits` takes them: (batch, heads, queries, head_dim), contiguous;
+    WITH_WEIGHTS: (that, the softmax (batch, heads, queries, keys) in fp32)."""
     batch, heads, queries, d = q.shape
     keys = k.size(2)
     out = torch.empty(batch, heads, queries, d, dtype=q.dtype)
+    weights = torch.empty(batch, heads, queries, keys) if with_weights else None
     m = (0, 0, 0) if mask is None else mask.expand(batch, heads, queries, keys).stride()[:3]
     _library().qk_step_attention(
         native.DTYPES[q.dtype], q.data_ptr(), *q.stride()[:3], k.data_ptr(), *k.stride()[:3], v.data_ptr(),
-        *v.stride()[:3], native.pointer(mask), *m, out.data_ptr(), batch, heads, queries, keys, d, float(scale),
-        native.threads(batch * heads * keys * d))
-    return out
+        *v.stride()[:3], native.pointer(mask), *m, out.data_ptr(), native.pointer(weights), batch, heads, queries,
+        keys, d, float(scale), native.threads(batch * heads * keys * d))
+    return (out, weights) if with_weights else out

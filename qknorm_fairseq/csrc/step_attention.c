@@ -11,7 +11,9 @@
  *
  * Every tensor is read through its strides, its last dimension contiguous: the decoder cache's keys and
  * values are a view into its buffer, which scaled_dot_product_attention reads slowly (in bf16 at a tenth of
- * this loop's speed: docs/performance.md) and torch.matmul copies. OUT is contiguous (batch, heads, queries, D).
+ * this loop's speed: docs/performance.md) and torch.matmul copies. OUT is contiguous (batch, heads, queries, D);
+ * WEIGHTS, where not NULL, receives the softmax, fp32 (batch, heads, queries, S) contiguous, e^(s_j - max s)
+ * / sum as the output applies it.
  * Threads: OpenMP over (batch row, head) pairs; a query's arithmetic is the same on any thread count.
  */
 #include "common.h"
@@ -20,7 +22,8 @@ void qk_step_attention(int dtype, const void *restrict query, int64_t qb, int64_
                        const void *restrict key, int64_t kb, int64_t kh, int64_t kj,
                        const void *restrict value, int64_t vb, int64_t vh, int64_t vj,
                        const void *restrict mask, int64_t mb, int64_t mh, int64_t mi,
-                       void *restrict out, int64_t batch, int64_t heads, int64_t queries, int64_t keys, int64_t d,
+                       void *restrict out, float *restrict weights,
+                       int64_t batch, int64_t heads, int64_t queries, int64_t keys, int64_t d,
                        float scale, int threads) {
     int64_t padded = (keys + LANES - 1) / LANES * LANES;
     BY_DTYPE(
@@ -57,6 +60,9 @@ void qk_step_attention(int dtype, const void *restrict query, int64_t qb, int64_
                 int64_t oo = (bh * queries + i) * d;
                 for (int64_t x = 0; x < d; x++)
                     store(out, DT, oo + x, acc[x] * inv);
+                if (weights)
+                    for (int64_t j = 0; j < keys; j++)
+                        weights[(bh * queries + i) * keys + j] = e[j] * inv;
             }
         })
 }

@@ -61,6 +61,13 @@ def test_masked_keys_get_no_weight(dtype):
     tol = 2e-6 if dtype == torch.float32 else 2 ** -8
     keep = [0, 1, 2, 4]
     assert (out[keep].double() - ref[keep]).abs().max() <= tol * ref[keep].abs().max()
+    # the softmax itself, asked for: the output the same bits, the weights fp32, 0 on the padded keys
+    again, weights = step_attention.attention(q, k, v, mask, 0.25, with_weights=True)
+    assert torch.equal(again[keep], out[keep]) and weights.dtype == torch.float32
+    assert weights.shape == (sentences, heads, beams, keys)
+    probs = torch.softmax(0.25 * q.double() @ k.double().transpose(-1, -2) + mask.double(), -1)
+    assert (weights[keep].double() - probs[keep]).abs().max() <= 2e-6
+    assert (weights[1, ..., -6:] == 0).all() and torch.isnan(weights[3]).all()
 
 
 def test_what_the_loop_does_not_take():
@@ -81,12 +88,13 @@ def test_what_the_loop_does_not_take():
 def _counting(monkeypatch):
     calls = []
     original = step_attention.attention
-    monkeypatch.setattr(step_attention, "attention", lambda *a: calls.append(a[0].size(2)) or original(*a))
+    monkeypatch.setattr(step_attention, "attention", lambda *a, **kw: calls.append(a[0].size(2)) or original(*a, **kw))
     return calls
 
 
 def _decode(model, task, steps=9, beam=3, seed=0):
-    """Each step's log-probabilities from fairseq's incremental path and from the cached step, the same parents."""
+    """Each step's log-probabilities from fairseq's incremental path and from the cached step, the same parents,
+    and the last layer's cross-attention weights fairseq's path returns (averaged over the heads)."""
     g = torch.Generator().manual_seed(seed)
     model.decoder.set_beam_size(beam)
     d = task.source_dictionary
@@ -94,13 +102,14 @@ def _decode(model, task, steps=9, beam=3, seed=0):
                      torch.full((2, 1), d.eos())], 1)
     src[1, :3] = d.pad()  # fairseq pads on the left
     rows = torch.arange(2).repeat_interleave(beam)
-    fairseq_steps, cached_steps = [], []
+    fairseq_steps, cached_steps, weights = [], [], []
     with torch.no_grad():
         enc = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=torch.tensor([7, 4])), rows)
         cache, state = DecoderCache(model, enc), {}
         tokens = torch.full((len(rows), 1), task.target_dictionary.eos())
         for _ in range(steps):
-            out, _ = model.decoder(tokens, encoder_out=enc, incremental_state=state)
+            out, extra = model.decoder(tokens, encoder_out=enc, incremental_state=state)
+            weights.append(extra["attn"][0][:, -1])
             fairseq_steps.append(model.get_normalized_probs((out[:, -1:], None), log_probs=True)[:, -1])
             cached_steps.append(cache.step(tokens))
             order = torch.arange(2).repeat_interleave(beam) * beam + torch.randint(0, beam, (len(rows),), generator=g)
@@ -109,7 +118,7 @@ def _decode(model, task, steps=9, beam=3, seed=0):
             cache.reorder(order)
             tokens = torch.cat([tokens[order], torch.randint(4, len(task.target_dictionary), (len(rows), 1),
                                                              generator=g)], 1)
-    return torch.stack(fairseq_steps), torch.stack(cached_steps)
+    return torch.stack(fairseq_steps), torch.stack(cached_steps), torch.stack(weights)
 
 
 @pytest.mark.parametrize("arch", ["transformer_qknorm", "transformer_prenorm"])
@@ -122,13 +131,16 @@ def test_a_model_decodes_through_the_loop_with_either_step(tiny_data, arch, monk
     for m in (fused, plain):
         m.eval()
         m.make_generation_fast_()  # only the last layer's cross-attention asks for weights (computed apart)
-    fairseq_lp, cached_lp = _decode(fused, task)
+    fairseq_lp, cached_lp, weights = _decode(fused, task)
     assert set(calls) == {1, 3}  # self-attention's one query, cross-attention's three beams; the encoder stays
-    # both steps, 9 steps each: 2 self-attentions and the first layer's cross-attention (the last one's weights are
-    # asked for, so it is computed explicitly)
-    assert len(calls) == 2 * 9 * 3
+    # both steps, 9 steps each: 2 self-attentions and 2 cross-attentions, the last one's too, whose weights
+    # fairseq's step asks for (the cached step does not read them)
+    assert len(calls) == 2 * 9 * 4
     assert torch.equal(fairseq_lp, cached_lp)
     calls.clear()
-    expected, _ = _decode(plain, task)
+    expected, _, expected_weights = _decode(plain, task)
     assert not calls
     assert torch.allclose(cached_lp, expected, rtol=0, atol=1e-5)
+    assert weights.shape == expected_weights.shape == (9, 6, 8)  # steps, rows, source positions
+    assert torch.allclose(weights, expected_weights, rtol=0, atol=1e-6)
+    assert (weights[:, 3:, :3] == 0).all()  # the second sentence's left padding
