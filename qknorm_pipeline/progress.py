@@ -10,7 +10,9 @@ least every EVERY seconds, for decoding every EVERY seconds. QKNORM_PROGRESS=bar
 either; VERBOSE=1 echoes every line instead. Warnings and errors of the run (`| WARNING |`,
 `| ERROR |`, Python warnings) are always shown, except that python_warnings="count" (for a program
 we do not control, like plain fairseq-train) shows one line counting its Python warnings instead,
-at its first record, or at the end if it stops before one. One summary line at the end.
+at its first record, or at the end if it stops before one. One summary line at the end; a training's
+says where its time went: start-up (to fairseq's first epoch), validations (from fairseq's "begin
+validation" line to its record) and checkpoint writing (fairseq's own "writing took" seconds).
 """
 import os
 import re
@@ -23,6 +25,9 @@ from .paths import shareable
 
 EVERY = 300.0  # seconds between plain progress lines at most, without a terminal
 RESUMED = re.compile(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
+STARTED = re.compile(r"\| begin training epoch \d+$")
+VALIDATING = re.compile(r'\| begin validation on "')
+SAVED = re.compile(r"\| Saved checkpoint .*\(writing took ([\d.]+) seconds\)")
 PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 SHOWN = re.compile(r"\| (WARNING|ERROR|CRITICAL) \||^Traceback|^\w*Error: |" + PY_WARNING.pattern)
 
@@ -48,24 +53,36 @@ class Training:
         self.loss = self.lr = self.ups = self.bleu = self.best = None
         self.best_update = None
         self.validated_at = []  # updates of the validations seen (their spacing: the validation interval)
+        self.start_up = self.validating_since = None
+        self.validation_s = self.checkpoint_s = 0.0
 
     def feed(self, line):
         """The kind of fairseq record the line held ("train_inner", "valid", "train"), else None."""
+        now = time.monotonic()
         m = RESUMED.search(line)
         if m:
             self.update = int(m.group(1))
             return None
+        if self.start_up is None and STARTED.search(line):
+            self.start_up = now - self.t0
+        if VALIDATING.search(line):
+            self.validating_since = now
+        m = SAVED.search(line)
+        if m:
+            self.checkpoint_s += float(m.group(1))
         parsed = parse_line(line)
         if parsed is None:
             return None
         kind, rec = parsed
-        now = time.monotonic()
         if kind == "train_inner":
             self.update = int(rec["num_updates"])
             self.loss, self.lr, self.ups = rec.get("loss"), rec.get("lr"), rec.get("ups")
             if self.first is None:
                 self.first = (self.update, now)
         elif kind == "valid":
+            if self.validating_since is not None:
+                self.validation_s += now - self.validating_since
+                self.validating_since = None
             self.update = int(rec.get("valid_num_updates", self.update))
             self.validated_at.append(self.update)
             self.bleu = rec.get("valid_bleu")
@@ -111,7 +128,15 @@ class Training:
             text += f", loss {self.loss:.3f}"
         if self.best is not None:
             text += f", best dev BLEU {self.best:.2f}" + (f" (update {self.best_update})" if self.best_update else "")
-        return text
+        spent = []
+        if self.start_up is not None:
+            spent.append(f"start-up {clock(self.start_up)}")
+        if self.validated_at:
+            n = len(self.validated_at)
+            spent.append(f"{n} validation{'s' * (n > 1)} {clock(self.validation_s)}")
+        if self.checkpoint_s:
+            spent.append(f"checkpoint writing {clock(self.checkpoint_s)}")
+        return text + (f"; of that, {', '.join(spent)}" if spent else "")
 
 
 def _bar(total, label, unit, right):

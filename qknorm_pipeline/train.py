@@ -12,8 +12,9 @@ short run.
 
 Prints one line when training starts, then the progress (update / max update, loss, last dev BLEU,
 LR, updates per second, ETA: a redrawn bar on a terminal, a line per validation otherwise), then a
-summary. Writes checkpoints to $CKPT_DIR/PAIR/NAME/ (checkpoint_best.pt by dev BLEU,
-checkpoint_last.pt) and fairseq's whole output (JSON log records) to $LOG_DIR/PAIR/NAME/train.log.
+summary with where the time went (start-up, validations, checkpoint writing). Writes checkpoints to
+$CKPT_DIR/PAIR/NAME/ (checkpoint_best.pt by dev BLEU, checkpoint_last.pt) and fairseq's whole output
+(JSON log records) to $LOG_DIR/PAIR/NAME/train.log.
 Re-running resumes from checkpoint_last.pt (one cut short is refused, with what to do); a run that
 finished with the same command is skipped.
 Exit status: 0 trained (or already trained), 2 a usage error (this command's or fairseq's), 1 a failure.

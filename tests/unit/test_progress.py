@@ -2,6 +2,8 @@
 import io
 import json
 import re
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -44,8 +46,36 @@ def test_training_progress_plain_lines_without_a_terminal(tmp_path, capsys):
     assert re.search(r"^\[train \d\d:\d\d:\d\d\] demo/qknorm 20/40 updates  loss 4\.500  dev BLEU 12\.50  "
                      r"lr 2\.00e-04  [\d.]+ upd/s  ETA \d+:\d\d$", lines[0]), lines[0]
     assert "demo/qknorm 30/40 updates  loss 3.500  dev BLEU 10.00" in lines[2]
-    assert re.search(r"demo/qknorm: 30 updates in \d+:\d\d, loss 3\.500, best dev BLEU 12\.50 \(update 20\)$",
-                     lines[3]), lines[3]
+    assert re.search(r"demo/qknorm: 30 updates in \d+:\d\d, loss 3\.500, best dev BLEU 12\.50 \(update 20\); "
+                     r"of that, 2 validations \d+:\d\d$", lines[3]), lines[3]
+
+
+def test_the_summary_says_where_the_time_went(tmp_path, capsys, monkeypatch):
+    """Start-up to fairseq's first epoch, each validation from its first line to its record, and the seconds
+    fairseq says each checkpoint took to write, on a clock that moves only as the lines arrive."""
+    clock = [100.0]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: clock[0], strftime=time.strftime))
+    saved = "2026-01-01 00:00:00 | INFO | fairseq.checkpoint_utils | Saved checkpoint ckpt/checkpoint_1_{}.pt " \
+            "(epoch 1 @ {} updates, score 1.0) (writing took {} seconds)"
+    began = '2026-01-01 00:00:00 | INFO | fairseq_cli.train | begin validation on "valid" subset'
+    timed = [(0, "2026-01-01 00:00:00 | INFO | fairseq.trainer | begin training epoch 1"),  # 5 s after the start
+             (20, _record("train_inner", loss=4.0, lr=1e-4, ups=1.0, num_updates=20)), (0, began),
+             (12, _record("valid", valid_loss=4.0, valid_bleu=1.0, valid_best_bleu=1.0, valid_num_updates=20)),
+             (2, saved.format(20, 20, 1.5)),
+             (20, _record("train_inner", loss=3.0, lr=1e-4, ups=1.0, num_updates=40)), (0, began),
+             (10, _record("valid", valid_loss=3.0, valid_bleu=2.0, valid_best_bleu=2.0, valid_num_updates=40)),
+             (3, saved.format(40, 40, 2.25))]
+
+    def lines():
+        clock[0] += 5
+        for seconds, line in timed:
+            clock[0] += seconds
+            yield (line + "\n").encode()
+
+    progress.follow_training(lines(), str(tmp_path / "t.log"), "gl-en/qknorm", max_update=40)
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith("gl-en/qknorm: 40 updates in 1:12, loss 3.000, best dev BLEU 2.00 (update 40); "
+                         "of that, start-up 0:05, 2 validations 0:22, checkpoint writing 0:04"), last
 
 
 def test_python_warnings_counted_in_one_line_for_a_program_we_do_not_control(tmp_path, capsys):
