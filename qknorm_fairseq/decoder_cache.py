@@ -216,8 +216,8 @@ class DecoderCache:
         looped = attn._step_loop(q, k, v, pad, None)
         if looped is not None:
             out = looped[0].transpose(1, 2)
-        elif not c.explicit:
-            out = attn._fused(q, k, v, pad, None, step=True).transpose(1, 2)
+        elif not c.explicit:  # the loop refused them: the attention kernel's own path
+            out = attn._fused(q, k, v, pad, None).transpose(1, 2)
         else:
             q = q.float().view(-1, q.size(2), self.head_dim)
             scores = attn.qk_scale * torch.bmm(q, c.source_keys_t) if attn.scores == "qknorm" else \

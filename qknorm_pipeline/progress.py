@@ -55,6 +55,7 @@ class Training:
         self.validated_at = []  # updates of the validations seen (their spacing: the validation interval)
         self.start_up = self.validating_since = None
         self.validation_s = self.checkpoint_s = 0.0
+        self.validations_timed = 0  # those whose "begin validation" line was seen
 
     def feed(self, line):
         """The kind of fairseq record the line held ("train_inner", "valid", "train"), else None."""
@@ -82,6 +83,7 @@ class Training:
         elif kind == "valid":
             if self.validating_since is not None:
                 self.validation_s += now - self.validating_since
+                self.validations_timed += 1
                 self.validating_since = None
             self.update = int(rec.get("valid_num_updates", self.update))
             self.validated_at.append(self.update)
@@ -131,8 +133,8 @@ class Training:
         spent = []
         if self.start_up is not None:
             spent.append(f"start-up {clock(self.start_up)}")
-        if self.validated_at:
-            n = len(self.validated_at)
+        if self.validations_timed:
+            n = self.validations_timed
             spent.append(f"{n} validation{'s' * (n > 1)} {clock(self.validation_s)}")
         if self.checkpoint_s:
             spent.append(f"checkpoint writing {clock(self.checkpoint_s)}")

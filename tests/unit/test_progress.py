@@ -46,8 +46,9 @@ def test_training_progress_plain_lines_without_a_terminal(tmp_path, capsys):
     assert re.search(r"^\[train \d\d:\d\d:\d\d\] demo/qknorm 20/40 updates  loss 4\.500  dev BLEU 12\.50  "
                      r"lr 2\.00e-04  [\d.]+ upd/s  ETA \d+:\d\d$", lines[0]), lines[0]
     assert "demo/qknorm 30/40 updates  loss 3.500  dev BLEU 10.00" in lines[2]
-    assert re.search(r"demo/qknorm: 30 updates in \d+:\d\d, loss 3\.500, best dev BLEU 12\.50 \(update 20\); "
-                     r"of that, 2 validations \d+:\d\d$", lines[3]), lines[3]
+    # no "begin validation" lines in this output: the validations' time is not known, so not stated
+    assert re.search(r"demo/qknorm: 30 updates in \d+:\d\d, loss 3\.500, best dev BLEU 12\.50 \(update 20\)$",
+                     lines[3]), lines[3]
 
 
 def test_the_summary_says_where_the_time_went(tmp_path, capsys, monkeypatch):
