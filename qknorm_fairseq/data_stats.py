@@ -11,7 +11,14 @@ import numpy as np
 
 
 def split_prefix(data_dir, split, src, tgt, lang):
-    return os.path.join(data_dir, f"{split}.{src}-{tgt}.{lang}")
+    """The binarized SPLIT's LANG side as fairseq's translation task finds it: `SPLIT.SRC-TGT.LANG`, else the pair
+    binarized the other way round, `SPLIT.TGT-SRC.LANG` (FileNotFoundError where neither has an .idx)."""
+    prefixes = [os.path.join(data_dir, f"{split}.{a}-{b}.{lang}") for a, b in ((src, tgt), (tgt, src))]
+    found = next((p for p in prefixes if os.path.exists(p + ".idx")), None)
+    if found is None:
+        raise FileNotFoundError(f"no binarized {split} split ({' or '.join(os.path.basename(p) + '.idx' for p in prefixes)}) "
+                                f"in {data_dir}")
+    return found
 
 
 def read_sizes(prefix):

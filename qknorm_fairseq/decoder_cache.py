@@ -77,15 +77,20 @@ class _Layer:
 
     def set_source(self, k, v, pad):
         """The source's keys and values (sentences, heads, src_len, head_dim), each head's in one block
-        (the kernels compute the same numbers from any layout, faster from this one), and its padding
-        mask; for explicit weights as the 3-D operands torch.matmul hands bmm in NormAttention._explicit."""
+        (the kernels compute the same numbers from any layout, faster from this one), and its padding mask."""
         k, v = k.contiguous(), v.contiguous()
         self.source = k, v, pad
-        if self.explicit:
+        self.bmm_source = None
+
+    def explicit_source(self):
+        """The source for explicit weights, as the 3-D operands torch.matmul hands bmm in NormAttention._explicit:
+        keys (fp32, transposed), values and padding; prepared when first asked (the step loop needs none)."""
+        if self.bmm_source is None:
+            k, v, pad = self.source
             heads, length = k.size(1), k.size(2)
-            self.source_keys_t = k.float().view(-1, length, k.size(3)).transpose(1, 2)
-            self.source_values = v.view(-1, length, v.size(3))
-            self.source_pad = None if pad is None else pad[:, None, None, :].expand(-1, heads, 1, -1).reshape(-1, 1, length)
+            self.bmm_source = (k.float().view(-1, length, k.size(3)).transpose(1, 2), v.view(-1, length, v.size(3)),
+                               None if pad is None else pad[:, None, None, :].expand(-1, heads, 1, -1).reshape(-1, 1, length))
+        return self.bmm_source
 
 
 class DecoderCache:
@@ -219,13 +224,13 @@ class DecoderCache:
         elif not c.explicit:  # the loop refused them: the attention kernel's own path
             out = attn._fused(q, k, v, pad, None).transpose(1, 2)
         else:
+            keys_t, values, source_pad = c.explicit_source()
             q = q.float().view(-1, q.size(2), self.head_dim)
-            scores = attn.qk_scale * torch.bmm(q, c.source_keys_t) if attn.scores == "qknorm" else \
-                torch.bmm(q * attn.scaling, c.source_keys_t)
-            if c.source_pad is not None:
-                scores = scores.masked_fill(c.source_pad, float("-inf"))
+            scores = attn.qk_scale * torch.bmm(q, keys_t) if attn.scores == "qknorm" else torch.bmm(q * attn.scaling, keys_t)
+            if source_pad is not None:
+                scores = scores.masked_fill(source_pad, float("-inf"))
             probs = attn.dropout_module(torch.softmax(scores, dim=-1)).to(v.dtype)
-            out = torch.bmm(probs, c.source_values).view(sentences, self.heads, -1, self.head_dim).transpose(1, 2)
+            out = torch.bmm(probs, values).view(sentences, self.heads, -1, self.head_dim).transpose(1, 2)
         return _linear(out.reshape(self.rows, -1), *c.cross_out)
 
     def reorder(self, order):

@@ -62,6 +62,8 @@ def threshold(keep):
 def keep_mask(shape, keep, dtype, device=None):
     """1 / KEEP with probability KEEP (to 1/65536), else 0, in DTYPE."""
     draws = uniform_int16(math.prod(shape), device).view(shape)
+    if threshold(keep) > 32767:  # KEEP rounds to 1 (p < 2^-17): every draw keeps, as the C loops compare in int32
+        return torch.full(shape, 1.0 / keep, dtype=dtype, device=draws.device)
     # the comparison written as 0 or 1 in DTYPE: one pass, where a bool mask cast to DTYPE takes two
     mask = torch.lt(draws, threshold(keep), out=torch.empty(shape, dtype=dtype, device=draws.device))
     return mask.mul_(1.0 / keep)

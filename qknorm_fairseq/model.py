@@ -65,15 +65,23 @@ def check_args(args):
     if args.output_bias and getattr(args, "adaptive_softmax_cutoff", None):
         raise ValueError("--output-bias adds one bias per type to full-vocabulary logits: it does not combine "
                          "with --adaptive-softmax-cutoff")
-    if args.target_vocab_mask and getattr(args, "criterion", None) == "label_smoothed_cross_entropy":
-        raise ValueError("--target-vocab-mask puts -inf logits into fairseq's label smoothing, which then "
-                         "sums them: use --criterion masked_label_smoothed_cross_entropy")
+    fairseqs = str(getattr(args, "criterion", None) or "")
+    if args.target_vocab_mask and fairseqs.startswith("label_smoothed_cross_entropy"):  # and its _with_* forms
+        raise ValueError(f"--target-vocab-mask puts -inf logits into fairseq's label smoothing (--criterion {fairseqs}), "
+                         "which then sums them: use --criterion masked_label_smoothed_cross_entropy")
     return uses_qknorm
 
 
-def _train_data(task):
+def _train_data(task, args):
+    """(data folder, source, target, training split) of the run, as fairseq-train reads them."""
     data = task.cfg.data.split(":")[0]
-    return data, task.cfg.source_lang, task.cfg.target_lang
+    return data, task.cfg.source_lang, task.cfg.target_lang, getattr(args, "train_subset", "train")
+
+
+def _from_checkpoint(task):
+    """Whether TASK builds the model to load a checkpoint into (translation_qk says; another task may be
+    loading one, so its data is not required)."""
+    return getattr(task, "building_from_checkpoint", True)
 
 
 def resolve_qknorm_g0(args, task):
@@ -85,13 +93,15 @@ def resolve_qknorm_g0(args, task):
         logger.info(f"{distributed.rank_tag()}QKNorm g0 = {g0:.4f} from --qknorm-length L = "
                     f"{args.qknorm_length:g}")
         return g0
-    data, src, tgt = _train_data(task)
+    data, src, tgt, split = _train_data(task, args)
     try:
-        length = data_stats.length_percentile(data, src, tgt, args.qknorm_percentile)
-    except FileNotFoundError:
-        # Loading a trained model: g is a learned parameter and comes from the checkpoint.
-        logger.warning(f"no train split in {data}: QKNorm g0 left at 1.0 (the checkpoint's g will be loaded; "
-                       "to train, give --qknorm-length or --qknorm-g0 or binarized train data)")
+        length = data_stats.length_percentile(data, src, tgt, args.qknorm_percentile, split)
+    except FileNotFoundError as e:
+        if not _from_checkpoint(task):
+            raise ValueError(f"{e}: QKNorm's g0 comes from its lengths; binarize it (fairseq-preprocess), or give "
+                             "--qknorm-length L or --qknorm-g0 G") from None
+        # an older checkpoint without its g0: g is a learned parameter and comes from the checkpoint
+        logger.warning(f"{e}: QKNorm g0 left at 1.0 (the checkpoint's g will be loaded)")
         return 1.0
     g0 = data_stats.g0_from_length(length)
     logger.info(f"{distributed.rank_tag()}QKNorm g0 = {g0:.4f} from L = {length:.2f}, "
@@ -100,14 +110,17 @@ def resolve_qknorm_g0(args, task):
     return g0
 
 
-def target_vocab(task):
+def target_vocab(task, args):
     """Boolean (V,) of the types allowed at the output: those in the train targets, plus EOS."""
-    data, src, tgt = _train_data(task)
+    data, src, tgt, split = _train_data(task, args)
     allowed = torch.ones(len(task.target_dictionary), dtype=torch.bool)
     try:
-        types = data_stats.token_types(data_stats.split_prefix(data, "train", src, tgt, tgt))
-    except FileNotFoundError:
-        logger.warning(f"no train split in {data}: the target vocabulary mask comes from the checkpoint")
+        types = data_stats.token_types(data_stats.split_prefix(data, split, src, tgt, tgt))
+    except FileNotFoundError as e:
+        if not _from_checkpoint(task):
+            raise ValueError(f"{e}: the target vocabulary mask (--target-vocab-mask) comes from its target side; "
+                             "binarize it (fairseq-preprocess), or add --no-target-vocab-mask") from None
+        logger.warning(f"{e}: the target vocabulary mask comes from the checkpoint")
         return allowed
     allowed[:] = False
     allowed[torch.from_numpy(types)] = True
@@ -378,7 +391,7 @@ class QKTransformerModel(TransformerModel):
             args.qknorm_g0 = distributed.same_on_all_ranks("QKNorm g0", resolve_qknorm_g0(args, task))
         model = super().build_model(args, task)
         if args.target_vocab_mask:
-            allowed = target_vocab(task)
+            allowed = target_vocab(task, args)
             distributed.same_on_all_ranks("the target vocabulary mask",
                                           hashlib.sha1(allowed.numpy().tobytes()).hexdigest())
             model.decoder.allowed_types.copy_(allowed)

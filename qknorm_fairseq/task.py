@@ -25,7 +25,12 @@ validation, `--validate-interval-updates` ones included) hands the first validat
 
 The task's dictionaries turn token tensors into text from a list (qknorm_fairseq/dictionary.py):
 the same strings, without fairseq's ATen ops per token, in every validation and fairseq-generate.
+
+A validation batch's encoder runs once (`encoder_once`): fairseq's valid_step computes the loss, whose
+forward encodes the batch, and then `--eval-bleu`'s search encodes the same source again; the search now
+gets the loss's encoder output (the same numbers) unless `--decode-precision` decodes in another precision.
 """
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -34,6 +39,7 @@ from unittest import mock
 import sacrebleu
 import torch
 from fairseq.dataclass import ChoiceEnum
+from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -62,6 +68,41 @@ def precision_problem(precision, device):
         return None
     return (f"--decode-precision {precision} needs a CUDA device{'' if precision == 'fp16' else ' or a CPU with bf16 kernels'}; "
             "decode in fp32 (drop the flag)")
+
+
+@contextlib.contextmanager
+def encoder_once(model, net_input):
+    """Within the block, MODEL's encoder computes NET_INPUT's source once: a later call on the same tensors
+    (fairseq's search after the loss's forward, both in evaluation mode without gradients) gets a copy of the
+    first call's output dict, the same tensors, less the layers' states where it does not ask for them (the
+    loss's forward asks, fairseq's default). Other encoders than fairseq's Transformer's run as they are."""
+    encoder = getattr(model, "encoder", None)
+    if not isinstance(encoder, TransformerEncoderBase):
+        yield
+        return
+    own = encoder.__dict__.get("forward")
+    forward, first = encoder.forward, {}
+
+    def once(src_tokens, src_lengths=None, return_all_hiddens=False, **kwargs):
+        if src_tokens is not net_input["src_tokens"] or src_lengths is not net_input.get("src_lengths") or \
+                any(v is not None for v in kwargs.values()) or torch.is_grad_enabled():
+            return forward(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens, **kwargs)
+        if "out" not in first or return_all_hiddens and not first["states"]:
+            first.update(out=forward(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens),
+                         states=return_all_hiddens)
+        out = dict(first["out"])
+        if first["states"] and not return_all_hiddens:
+            out.update(encoder_states=[], fc_results=[])
+        return out
+
+    encoder.forward = once
+    try:
+        yield
+    finally:
+        if own is None:
+            del encoder.forward
+        else:
+            encoder.forward = own
 
 
 def gnmt_rerank(hypos, alpha):
@@ -154,6 +195,17 @@ class TranslationQKTask(TranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         if self.cfg.beam_search == "twt" and self.cfg.length_norm != "gnmt":
             raise ValueError("--beam-search twt ranks the beam by GNMT's normalised score: add --length-norm gnmt")
+        if self.cfg.beam_search == "twt":  # fairseq's generation options that the original code's search has not
+            unread = [name for name, given in (
+                ("--min-len", getattr(args, "min_len", 1) != 1),
+                ("--unkpen", getattr(args, "unkpen", 0) != 0),
+                ("--no-repeat-ngram-size", getattr(args, "no_repeat_ngram_size", 0) > 0),
+                ("--diverse-beam-groups", getattr(args, "diverse_beam_groups", -1) > 0),
+                ("--match-source-len", getattr(args, "match_source_len", False)),
+            ) if given]
+            if unread:
+                raise ValueError(f"--beam-search twt (the original code's search) has no {', '.join(unread)}: drop "
+                                 f"{' and '.join(unread)}, or use --beam-search fairseq")
         if self.cfg.length_norm == "gnmt" and not getattr(args, "score_reference", False):
             bad = [name for name, clash in (
                 ("--lenpen", getattr(args, "lenpen", 1) != 1),
@@ -185,6 +237,8 @@ class TranslationQKTask(TranslationTask):
         return CachedEnsemble(models)
 
     def build_model(self, cfg, from_checkpoint=False):
+        # the model reads its training data (QKNorm's g0, the vocabulary mask) unless a checkpoint is loaded into it
+        self.building_from_checkpoint = from_checkpoint
         model = super().build_model(cfg, from_checkpoint)
         if self.cfg.compile:
             if getattr(getattr(model, "decoder", None), "fused_kernels", False):
@@ -216,6 +270,12 @@ class TranslationQKTask(TranslationTask):
             total, size = total + loss.detach(), size + group_size
             logs.append(log)
         return total, size, merged_logs(logs)
+
+    def valid_step(self, sample, model, criterion):
+        if self.cfg.decode_precision != "fp32":  # the search encodes under autocast: other numbers than the loss's
+            return super().valid_step(sample, model, criterion)
+        with encoder_once(getattr(model, "module", model), sample["net_input"]):
+            return super().valid_step(sample, model, criterion)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.decode_precision)

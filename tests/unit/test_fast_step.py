@@ -130,6 +130,15 @@ def test_fast_dropout_keeps_one_minus_p_scaled_and_backpropagates_through_the_sa
     assert not fast_dropout(x, 1.0).any()
     m = keep_mask((1000, 1000), 0.9, torch.bfloat16)
     assert m.dtype == torch.bfloat16 and abs((m > 0).float().mean().item() - 0.9) < 0.003
+    # p below 2^-17 rounds KEEP to 1 at the draws' 16 bits: every unit kept (int16 draws have no 32768 to compare
+    # with), the draws taken all the same, so the stream goes on as the C loops leave it
+    torch.manual_seed(1)
+    tiny = keep_mask((300, 7), 1 - 1e-6, torch.float32)
+    assert torch.equal(tiny, torch.full((300, 7), 1 / (1 - 1e-6)))
+    after = uniform_int16(5)
+    torch.manual_seed(1)
+    uniform_int16(300 * 7)
+    assert torch.equal(after, uniform_int16(5))
 
 
 def test_fast_dropout_draws_are_uniform_independent_and_follow_torch_manual_seed():

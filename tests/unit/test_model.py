@@ -131,6 +131,37 @@ def test_qknorm_g0_from_binarized_lengths(tiny_data):
     assert model.decoder.layers[1].encoder_attn.qk_scale.item() == 7.5
 
 
+def test_g0_and_the_mask_come_from_the_training_data_as_fairseq_finds_it(tiny_data, tmp_path, caplog):
+    """Data binarized the other way round (train.tgt-src.*, which fairseq's translation task reads too) gives the
+    same g0 and mask; a training with no binarized train split is refused, naming the fix (translation_qk), while
+    a model built to load a checkpoint into keeps the checkpoint's."""
+    pair = ["--task", "translation_qk", "--source-lang", "src", "--target-lang", "tgt"]
+    ref, _ = build(tiny_data / "bin", "transformer_qknorm", *pair)
+    reverse = tmp_path / "reverse"
+    reverse.mkdir()
+    for f in (tiny_data / "bin").iterdir():
+        (reverse / f.name.replace("src-tgt", "tgt-src")).write_bytes(f.read_bytes())
+    model, _ = build(reverse, "transformer_qknorm", *pair)
+    assert model.args.qknorm_g0 == ref.args.qknorm_g0 != 1.0
+    assert torch.equal(model.decoder.allowed_types, ref.decoder.allowed_types) and not ref.decoder.allowed_types.all()
+    for f in reverse.glob("train.*"):
+        f.unlink()
+    with pytest.raises(ValueError, match=r"no binarized train split \(train\.src-tgt\.src\.idx or train\.tgt-src\.src\.idx\) "
+                                         r"in .*: QKNorm's g0 comes from its lengths; binarize it \(fairseq-preprocess\), "
+                                         r"or give --qknorm-length L or --qknorm-g0 G"):
+        build(reverse, "transformer_qknorm", *pair)
+    with pytest.raises(ValueError, match=r"no binarized train split .*: the target vocabulary mask \(--target-vocab-mask\) "
+                                         r"comes from its target side; binarize it .*, or add --no-target-vocab-mask"):
+        build(reverse, "transformer_qknorm", *pair, "--qknorm-g0", "5")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(reverse), "--user-dir", USER_DIR, *pair, "--arch", "transformer_qknorm", *TINY_MODEL,
+        "--share-all-embeddings", "--criterion", "masked_label_smoothed_cross_entropy"])
+    with caplog.at_level("WARNING"):
+        loaded = tasks.setup_task(args).build_model(args, from_checkpoint=True)
+    assert loaded.args.qknorm_g0 == 1.0 and loaded.decoder.allowed_types.all()
+    assert "QKNorm g0 left at 1.0 (the checkpoint's g will be loaded)" in caplog.text
+
+
 def test_target_vocab_mask(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_fixnorm")
     d = task.target_dictionary
@@ -284,9 +315,11 @@ def test_fixnorm_needs_shared_embeddings(tiny_data):
         tasks.setup_task(args).build_model(args)
 
 
-def test_target_mask_rejects_stock_label_smoothing(tiny_data):
-    with pytest.raises(ValueError, match="masked_label_smoothed_cross_entropy"):
-        build(tiny_data / "bin", "transformer_prenorm", "--criterion", "label_smoothed_cross_entropy")
+@pytest.mark.parametrize("stock", ["label_smoothed_cross_entropy", "label_smoothed_cross_entropy_with_alignment"])
+def test_target_mask_rejects_stock_label_smoothing(tiny_data, stock):
+    with pytest.raises(ValueError, match=f"fairseq's label smoothing \\(--criterion {stock}\\), which then sums them: "
+                                         "use --criterion masked_label_smoothed_cross_entropy"):
+        build(tiny_data / "bin", "transformer_prenorm", "--criterion", stock)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

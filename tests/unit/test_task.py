@@ -1,12 +1,16 @@
-"""GNMT length normalisation (qknorm_fairseq/task.py): the formula and the flags it refuses
-(fairseq-generate with it: tests/integration/test_gnmt_generate.py)."""
+"""The translation_qk task (qknorm_fairseq/task.py): GNMT length normalisation's formula and the flags it refuses
+(fairseq-generate with it: tests/integration/test_gnmt_generate.py), validation's BLEU, decoding precision, and a
+validation batch encoded once."""
 import argparse
+from unittest import mock
 
 import pytest
 import torch
 from fairseq.data import Dictionary
 
 from qknorm_fairseq.task import TranslationQKConfig, TranslationQKTask, gnmt_penalty, gnmt_rerank
+
+from helpers import TINY_MODEL, USER_DIR
 
 
 def hypo(n_tokens, logprob):
@@ -44,6 +48,17 @@ def test_gnmt_refuses_conflicting_generation_flags(flag, value, name):
     args = argparse.Namespace(beam=4, **{flag: value})
     with pytest.raises(ValueError, match=f"--length-norm gnmt does not combine with {name}"):
         _task().build_generator([], args)
+
+
+@pytest.mark.parametrize("flag, value, name", [("min_len", 6, "--min-len"), ("unkpen", 1.0, "--unkpen"),
+                                              ("no_repeat_ngram_size", 3, "--no-repeat-ngram-size"),
+                                              ("diverse_beam_groups", 2, "--diverse-beam-groups"),
+                                              ("match_source_len", True, "--match-source-len")])
+def test_twt_search_refuses_the_generation_flags_it_would_not_read(flag, value, name):
+    args = argparse.Namespace(beam=4, **{flag: value})
+    with pytest.raises(ValueError, match=f"--beam-search twt \\(the original code's search\\) has no {name}: drop {name}, "
+                                         "or use --beam-search fairseq"):
+        _task(beam_search="twt").build_generator([], args)
 
 
 class DeviceTarget(torch.Tensor):
@@ -139,3 +154,55 @@ def test_inference_step_decodes_under_autocast_in_its_precision(monkeypatch, pre
     assert enabled == (dtype is not None)
     if dtype is not None:
         assert autocast_dtype == dtype
+
+
+@pytest.mark.parametrize("arch, search, precision", [("transformer_qknorm", "twt", "fp32"),
+                                                     ("transformer_fixnorm", "fairseq", "fp32"),
+                                                     ("transformer_prenorm", "twt", "fp32"),
+                                                     ("transformer", "fairseq", "fp32"),
+                                                     ("transformer_qknorm", "twt", "bf16")])
+def test_a_validation_batch_is_encoded_once_with_the_same_loss_and_hypotheses(monkeypatch, tiny_data, arch, search,
+                                                                               precision):
+    """valid_step with --eval-bleu: the search reuses the loss's encoder output (one encoder call, not two), and the
+    loss, the hypotheses and BLEU's statistics are those of fairseq's valid_step, which encodes the batch twice;
+    a search in another precision (--decode-precision bf16: under autocast) encodes the batch itself."""
+    from fairseq import options, tasks
+    from fairseq.models.transformer import TransformerEncoderBase
+    from fairseq.tasks.translation import TranslationTask
+
+    from qknorm_fairseq import task as task_module
+
+    monkeypatch.setattr(task_module, "precision_problem", lambda precision, device: None)
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(tiny_data / "bin"), "--user-dir", USER_DIR, "--task", "translation_qk", "--arch", arch, *TINY_MODEL,
+        "--share-all-embeddings", "--criterion", "masked_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--eval-bleu", "--eval-bleu-args", '{"beam": 4, "max_len_a": 1, "max_len_b": 5}', "--length-norm", "gnmt",
+        "--beam-search", search, "--decode-precision", precision])
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    model, criterion = task.build_model(args), task.build_criterion(args)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[i] for i in range(12)])
+    encoded, hypotheses = [], []
+    forward, generate = TransformerEncoderBase.forward, task.sequence_generator.generate
+
+    def counted(self, *a, **kw):
+        encoded.append(torch.is_grad_enabled())
+        return forward(self, *a, **kw)
+
+    def kept(*a, **kw):
+        hypotheses.append([h[0]["tokens"].tolist() for h in generate(*a, **kw)])
+        return [[{"tokens": torch.tensor(h)}] for h in hypotheses[-1]]
+
+    with mock.patch.object(TransformerEncoderBase, "forward", counted), mock.patch.object(task.sequence_generator, "generate", kept):
+        ours = task.valid_step(sample, model, criterion)
+        calls = 1 if precision == "fp32" else 2
+        assert encoded == [False] * calls
+        fairseqs = TranslationTask.valid_step(task, sample, model, criterion)
+        assert encoded == [False] * (calls + 2)
+    assert "forward" not in model.encoder.__dict__  # the encoder as it was after the step
+    assert hypotheses[0] == hypotheses[1] and any(len(h) > 1 for h in hypotheses[0])
+    assert ours[0].item() == fairseqs[0].item() and ours[1] == fairseqs[1]
+    assert {k: v for k, v in ours[2].items() if k != "loss"} == {k: v for k, v in fairseqs[2].items() if k != "loss"}
