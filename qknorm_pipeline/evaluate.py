@@ -42,6 +42,7 @@ from .hardware import has_gpu
 from .names import split_seed
 from .paths import folders, shareable, short
 from .scoring.score import score_systems, write_scores
+from .train import data_digest, trained_on_other_data
 
 TAG = "evaluate"
 
@@ -57,13 +58,14 @@ def score_line(scores):
 
 
 def hypotheses(generate_out):
-    """fairseq-generate prints hypotheses by length bucket (H-<id>\\tscore\\ttext): corpus order."""
+    """fairseq-generate prints hypotheses by length bucket (H-<id>\\tscore\\ttext): corpus order, each sentence's
+    first (with --nbest N, its best of N)."""
     hyps = {}
     with open(generate_out, encoding="utf-8") as f:
         for line in f:
             if line.startswith("H-"):
                 sid, _score, text = line.rstrip("\n").split("\t", 2)
-                hyps[int(sid[2:])] = text
+                hyps.setdefault(int(sid[2:]), text)
     return [hyps[i] for i in sorted(hyps)]
 
 
@@ -112,6 +114,11 @@ def evaluate(pair, run, extra=(), checkpoint="best", where=None):
                         f"({train_command(cfg, pair, run)})")
     if not os.path.isdir(data_bin):
         raise UserError(f"no binarized data {short(data_bin)}: run bash scripts/prepare.sh --pair {pair}")
+    if trained_on_other_data(os.path.dirname(ckpt), data_digest(data_bin)):
+        raise UserError(f"{pair}/{run}: the data in {short(data_bin)} has changed since {short(ckpt)} was trained "
+                        f"(prepared again?): its test set would be decoded with another vocabulary; prepare the data "
+                        f"it was trained on again, or move {short(os.path.dirname(ckpt))}/ away and train it again "
+                        f"({train_command(cfg, pair, run)})")
     if not os.path.isfile(ref):
         raise UserError(f"no tokenized reference {short(ref)}: run bash scripts/prepare.sh --pair {pair}")
 

@@ -1,4 +1,4 @@
-"""`fairseq-train` with six fixes for the hardware people actually have.
+"""`fairseq-train` with seven fixes: for the hardware people actually have, for interruptions and resumes.
 
     python -m qknorm_pipeline.fairseq_train [fairseq-train arguments]      (what scripts/train.sh runs)
 
@@ -23,6 +23,11 @@
 6. Memory on a CPU. glibc's malloc spends a seventh of the update's main thread sorting its free
    chunks; a CPU run starts itself again with tcmalloc or jemalloc preloaded where one is installed
    (QKNORM_MALLOC chooses; allocator.py). Its log names the allocator.
+
+7. A resume at the budget. fairseq's epoch loop trains an update before it tests --max-update, so a run
+   resumed from a checkpoint_last.pt that already holds --max-update updates (its .done lost, or stopped
+   between its last save and its end) would train one update past its budget and overwrite its
+   checkpoints; here it trains none and ends, saying so in its log.
 
 It also silences, at their source, the warnings no user can act on (NOISE: fairseq's own calls into
 hydra's deprecated API and torch's deprecated autocast, pinned memory without a GPU; the plugin's
@@ -134,6 +139,18 @@ def ctrl_c_after(save):
     return saved
 
 
+def within_budget(train_epoch):
+    """fairseq_cli.train.train (one epoch), which does nothing where the trainer holds --max-update updates."""
+    @functools.wraps(train_epoch)
+    def train(cfg, trainer, task, epoch_itr):
+        done, budget = trainer.get_num_updates(), cfg.optimization.max_update
+        if budget and done >= budget:
+            logger.info(f"the checkpoint holds {done} updates, --max-update {budget}: nothing left to train")
+            return [None], True
+        return train_epoch(cfg, trainer, task, epoch_itr)
+    return train
+
+
 def chosen_help(argv):
     """The flags of the model, task, criterion, optimizer and scheduler ARGV chooses. fairseq prints
     --help before it adds them (it parses twice: the first pass, which knows none of them, answers
@@ -184,6 +201,7 @@ def main(argv=None):
     # isort: on
 
     train.Trainer = FastTrainer
+    train.train = within_budget(train.train)
     checkpoint_utils.save_checkpoint = ctrl_c_after(checkpoint_utils.save_checkpoint)
 
     argv = sys.argv[1:] if argv is None else argv

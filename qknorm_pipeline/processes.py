@@ -3,6 +3,7 @@ fastBPE): their whole output goes to a log file whose path is printed, the user 
 stage and the live progress (progress.py), and a failure shows the log's last lines. Also the
 `.done` marks by which every stage knows it finished with the same settings."""
 import datetime
+import difflib
 import os
 import re
 import shlex
@@ -54,6 +55,23 @@ def _start(cmd, **popen):
     return proc, signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _follow(proc, follow):
+    """follow(), then PROC's exit status. Where this process stops first (SIGTERM to it alone, an error), PROC
+    is stopped too (SIGTERM, SIGKILL after 30 s) and waited for: no training goes on without the run's lock."""
+    try:
+        follow()
+        return proc.wait()
+    except BaseException:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        raise
+
+
 def _stopped_by_ctrl_c(rc):
     return rc in (-signal.SIGINT, 128 + signal.SIGINT)
 
@@ -75,8 +93,8 @@ def run_training(label, log_path, max_update, cmd, env=None, python_warnings="sh
         f.write(f"# {stamp} {shlex.join(map(str, cmd))}\n")
     proc, old = _start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
-        progress.follow_training(proc.stdout, log_path, label, max_update=max_update, python_warnings=python_warnings)
-        rc = proc.wait()
+        rc = _follow(proc, lambda: progress.follow_training(proc.stdout, log_path, label, max_update=max_update,
+                                                            python_warnings=python_warnings))
     finally:
         signal.signal(signal.SIGINT, old)
     if _stopped_by_ctrl_c(rc):
@@ -93,8 +111,7 @@ def decode(label, cmd, out_path, log_path, total, env=None):
     with atomic_path(out_path) as tmp, open(log_path, "wb") as err:
         proc, old = _start(cmd, stdout=subprocess.PIPE, stderr=None if verbose() else err, env=env)
         try:
-            progress.follow_decoding(proc.stdout, tmp, label, total)
-            rc = proc.wait()
+            rc = _follow(proc, lambda: progress.follow_decoding(proc.stdout, tmp, label, total))
         finally:
             signal.signal(signal.SIGINT, old)
         if _stopped_by_ctrl_c(rc):
@@ -150,9 +167,14 @@ def command_change(old, new):
 
 
 def _first_change(old, new):
-    """', from WORD on' of the first word where OLD and NEW part (words added or left out)."""
-    i = next((i for i, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
-    return f", from {(old + [''])[i] or (new + [''])[i]!r} on" if i < max(len(old), len(new)) else ""
+    """': WORDS added', ': WORDS left out' or ': WORDS now WORDS', for the first words where OLD and NEW part, after
+    the word before them (a diff of the two lists)."""
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    tag, i1, i2, j1, j2 = next(op for op in matcher.get_opcodes() if op[0] != "equal")
+    where = f" after {old[i1 - 1]!r}" if i1 else " at the start"
+    gone, come = shlex.join(old[i1:i2]), shlex.join(new[j1:j2])
+    change = {"insert": f"{come!r} added", "delete": f"{gone!r} left out"}.get(tag, f"{gone!r} now {come!r}")
+    return f": {change}{where}"
 
 
 def mark_done(folder, key=""):

@@ -25,6 +25,7 @@ import hashlib
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass, field
 
 from . import hardware, processes, recipes
@@ -263,16 +264,22 @@ def data_digest(data_bin):
     return hashlib.sha256(" ".join(f"{n}:{file_digest(os.path.join(data_bin, n))}" for n in names).encode()).hexdigest()
 
 
+def trained_on_other_data(save_dir, digest):
+    """Whether the checkpoints in SAVE_DIR were trained on other data than DIGEST's (its .data; data prepared
+    again since, another BPE or corpus, would be continued or decoded with the wrong vocabulary)."""
+    path = os.path.join(save_dir, ".data")
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip() != digest
+
+
 def check_same_data(run, digest):
-    """A run's checkpoints belong to the data they were trained on (its folder's .data): data prepared
-    again since (another BPE, another corpus) would be continued or decoded with the wrong vocabulary."""
-    path = os.path.join(run.save_dir, ".data")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            if f.read().strip() != digest:
-                raise UserError(f"{run.pair}/{run.name}: the data in {short(run.fairseq_args[0])} has changed since its "
-                                f"checkpoints in {short(run.save_dir)}/ were trained (prepared again?): train this one "
-                                f"under another name (--name NEW), or move that folder away to train {run.name} again")
+    """A run's checkpoints belong to the data they were trained on."""
+    if trained_on_other_data(run.save_dir, digest):
+        raise UserError(f"{run.pair}/{run.name}: the data in {short(run.fairseq_args[0])} has changed since its "
+                        f"checkpoints in {short(run.save_dir)}/ were trained (prepared again?): train this one "
+                        f"under another name (--name NEW), or move that folder away to train {run.name} again")
 
 
 def check_resumable(run):
@@ -283,6 +290,17 @@ def check_resumable(run):
     raise UserError(f"{short(last)} is not a whole checkpoint (cut short?): move it away and train again, which "
                     f"starts {run.pair}/{run.name} over, or resumes from a readable checkpoint of this run copied "
                     "to that name (checkpoint_best.pt: from its best validation)")
+
+
+def set_aside_old_log(run):
+    """A run that starts from scratch (no checkpoint_last.pt) starts its log afresh, the earlier one renamed: a
+    log's validations, curves and wall time are then one run's."""
+    if os.path.exists(os.path.join(run.save_dir, "checkpoint_last.pt")) or not os.path.isfile(run.log):
+        return
+    stem, ext = os.path.splitext(run.log)
+    old = stem + time.strftime(".%Y%m%dT%H%M%S", time.gmtime()) + ext
+    os.replace(run.log, old)
+    log(TAG, f"{run.pair}/{run.name}: no checkpoint to resume; the earlier log is kept as {short(old)}")
 
 
 def train(run, python_warnings="show"):
@@ -304,10 +322,12 @@ def train(run, python_warnings="show"):
         check_same_data(run, digest)
         if processes.is_done(run.save_dir, signature(run)):
             log(TAG, f"{run.pair}/{run.name} already trained with this command: {short(run.save_dir)}/checkpoint_best.pt "
-                     f"(delete {short(run.save_dir)}/.done to retrain)")
+                     f"(move {short(run.save_dir)}/ away to train it again)")
             return
         check_resumable(run)
         check_same_run(run)
+        if first:
+            set_aside_old_log(run)
         if run.split:
             log(TAG, run.split)
         write_atomic(os.path.join(run.save_dir, ".command"), shlex.join(settings(run.fairseq_args)) + "\n")

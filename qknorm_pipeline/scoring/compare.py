@@ -356,13 +356,19 @@ def read(path):
     return table
 
 
+def has_runs(pair_dir):
+    """Whether PAIR_DIR holds a run's result (<run>/scores.json or hyp.txt, finished or not), not only tables."""
+    return any(os.path.isfile(os.path.join(pair_dir, name, f)) for name in os.listdir(pair_dir)
+               for f in ("scores.json", "hyp.txt"))
+
+
 def pairs_with_results(results_dir, data_bin):
-    """Every pair under RESULTS_DIR that has a config or prepared data (compare.sh all)."""
+    """Every pair under RESULTS_DIR that has a config or prepared data and a run's result (compare.sh all)."""
     from ..recipes import available_pairs
 
     pairs = [p for p in sorted(os.listdir(results_dir)) if os.path.isdir(os.path.join(results_dir, p))
-             and (p in available_pairs() or os.path.isfile(os.path.join(data_bin, p, "stats.json")))] \
-        if os.path.isdir(results_dir) else []
+             and (p in available_pairs() or os.path.isfile(os.path.join(data_bin, p, "stats.json")))
+             and has_runs(os.path.join(results_dir, p))] if os.path.isdir(results_dir) else []
     if not pairs:
         raise ScoringError(f"no evaluated pairs under {results_dir}: run bash scripts/evaluate.sh PAIR SYSTEM first")
     return pairs

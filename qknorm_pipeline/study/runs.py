@@ -9,7 +9,6 @@ the best-dev and with the last checkpoint; write the record.
 import os
 import shlex
 import sys
-import time
 
 from .. import evaluate as evaluate_step
 from .. import recipes
@@ -84,11 +83,6 @@ def one_run(cfg, run, rec, where, records_dir, label, max_update=None, dry=False
                         f"{short(planned.save_dir)}/, to start from scratch) to train {run.name} again")
     else:
         log(TAG, label)
-    # a run that starts from scratch starts its log afresh: the record's wall time and curve are its own
-    if not os.path.isfile(ckpt_last) and os.path.isfile(planned.log):
-        old = planned.log[:-len(".log")] + time.strftime(".%Y%m%dT%H%M%S.log", time.gmtime())
-        os.replace(planned.log, old)
-        log(TAG, f"{label}: no checkpoint to resume; the earlier log is kept as {short(old)}")
     train_step.train(planned, python_warnings="count" if run.stock else "show")
     evaluate_step.evaluate(cfg.pair, run.name, where=where)
     evaluate_step.evaluate(cfg.pair, run.name, checkpoint="last", where=where)

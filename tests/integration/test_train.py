@@ -77,15 +77,24 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
     # the same command again is skipped (resuming is fairseq's, from checkpoint_last.pt: test_lr_scheduler)
     p = _train_sh("demo", "postnorm", *extra, **roots)
     assert p.returncode == 0 and "already trained with this command" in p.stderr
-    # the finished run under another command (a learning rate added): refused before anything starts,
-    # its checkpoints and its .done left as they were (not relabelled as trained with that command)
+    assert f"(move {save}/ away to train it again)" in p.stderr
+    # its .done lost (or a stop between the last save and the end): resumed at its budget, it trains no update
+    # more (fairseq's loop would train one past --max-update) and leaves its checkpoints as they were
+    last = (save / "checkpoint_last.pt").read_bytes()
+    (save / ".done").unlink()
+    p = _train_sh("demo", "postnorm", *extra, **roots)
+    assert p.returncode == 0 and (save / ".done").exists(), p.stderr[-3000:]
+    assert "the checkpoint holds 4 updates, --max-update 4: nothing left to train" in log.read_text()
+    assert (save / "checkpoint_last.pt").read_bytes() == last and len(re.findall(r"\| valid \|", log.read_text())) == 2
+    # the finished run under another command (a learning rate added): refused before anything starts, naming
+    # the words added, its checkpoints and its .done left as they were (not relabelled as trained with that command)
     done, best = (save / ".done").read_text(), (save / "checkpoint_best.pt").read_bytes()
     p = _train_sh("demo", "postnorm", *extra, "--lr", "0.0001", **roots)
-    words = len(shlex.split((save / ".command").read_text()))
+    words = shlex.split((save / ".command").read_text())
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
-        f"[train] error: demo/postnorm: its checkpoints in {save}/ were trained by another command ({words} words "
-        f"against {words + 2}, from '--lr' on): train this one under another name (--name NEW), or move that folder "
-        "away to start postnorm over"], p.stderr
+        f"[train] error: demo/postnorm: its checkpoints in {save}/ were trained by another command ({len(words)} words "
+        f"against {len(words) + 2}: '--lr 0.0001' added after {words[-1]!r}): train this one under another name "
+        "(--name NEW), or move that folder away to start postnorm over"], p.stderr
     assert (save / ".done").read_text() == done and (save / "checkpoint_best.pt").read_bytes() == best
     # a checkpoint_last.pt cut short: one line, nothing launched, the file kept; the fix it names works
     whole = (save / "checkpoint_last.pt").read_bytes()
@@ -110,6 +119,21 @@ def test_train_sh_trains_and_writes_the_log(tiny_data, tmp_path):
         f"[train] error: demo/postnorm: the data in {tmp_path}/data-bin/demo has changed since its checkpoints in "
         f"{save}/ were trained (prepared again?): train this one under another name (--name NEW), or move that "
         "folder away to train postnorm again"], p.stderr
+    # ... nor decoded with its vocabulary
+    p = script("evaluate.sh", "demo", "postnorm", **roots)
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
+        f"[evaluate] error: demo/postnorm: the data in {tmp_path}/data-bin/demo has changed since "
+        f"{save}/checkpoint_best.pt was trained (prepared again?): its test set would be decoded with another "
+        f"vocabulary; prepare the data it was trained on again, or move {save}/ away and train it again (bash "
+        "scripts/train.sh demo postnorm)"), p.stderr
+    # moved away, the run starts over with a log of its own, the earlier one kept beside it
+    shutil.move(save, tmp_path / "old_run")
+    shutil.copy(tiny_data / "bin" / "dict.src.txt", tmp_path / "data-bin" / "demo" / "dict.src.txt")
+    p = _train_sh("demo", "postnorm", *extra, **roots)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (kept,) = log.parent.glob("train.*.log")
+    assert f"no checkpoint to resume; the earlier log is kept as {kept}" in p.stderr
+    assert log.read_text().count("\n# ") + log.read_text().startswith("# ") == 1 and "nothing left" in kept.read_text()
 
 
 def test_a_setting_the_plugin_refuses_ends_training_with_one_line_naming_the_fix(tiny_data, tmp_path):

@@ -284,3 +284,19 @@ def test_systems_decoded_with_other_flags_are_refused(tmp_path):
     scores = res / "en-vi" / "qknorm" / "scores.json"
     scores.write_text(json.dumps({k: v for k, v in json.loads(scores.read_text()).items() if k != "decoding"}))
     assert len(compare.build("en-vi", str(res), n_samples=20)["rows"]) == 3
+
+
+def test_all_compares_the_pairs_with_runs_and_passes_over_folders_of_tables_alone(tmp_path):
+    """compare.sh all: a pair's folder holding only its tables and plots (a fresh checkout's results/demo) is not a
+    pair to compare; one with a run's result, finished or not, is (find_systems then judges it); none is an error."""
+    res = _fixture_results(tmp_path)
+    (res / "demo").mkdir()
+    (res / "demo" / "compare.md").write_text("| system |\n")
+    (res / "gl-en" / "qknorm").mkdir(parents=True)
+    (res / "gl-en" / "qknorm" / "hyp.txt").write_text("a half-written decoding\n")
+    assert compare.pairs_with_results(str(res), str(tmp_path / "data-bin")) == ["en-vi", "gl-en"]
+    only_tables = tmp_path / "fresh"
+    (only_tables / "demo").mkdir(parents=True)
+    (only_tables / "demo" / "compare.md").write_text("| system |\n")
+    with pytest.raises(compare.ScoringError, match="no evaluated pairs under .*: run bash scripts/evaluate.sh"):
+        compare.pairs_with_results(str(only_tables), str(tmp_path / "data-bin"))

@@ -11,8 +11,9 @@ import pytest
 
 from qknorm_pipeline.fairseq_train import ctrl_c_after
 
-# a child that says it started (a file), then works until it is stopped
-CHILD = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(60)"
+# a child that says it started (a file with its pid), then works until it is stopped
+CHILD = "import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); os.rename(sys.argv[1] + '.tmp', " \
+        "sys.argv[1]); time.sleep(60)"
 
 # a pipeline command as the scripts run one: through cli.main, which turns Ctrl-C into exit 130
 DRIVER = textwrap.dedent("""
@@ -42,7 +43,9 @@ def sigint_as_in_a_terminal():
     signal.signal(signal.SIGINT, before)
 
 
-def _ctrl_c(tmp_path, what):
+def _started(tmp_path, what):
+    """The driver running WHAT ("train" or "decode") in a session of its own, once its child has started:
+    (driver, the child's pid, the decoding's output path)."""
     ready, log, out = tmp_path / "ready", tmp_path / "train.log", tmp_path / "generate.out"
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, what, str(ready), str(log), str(out)],
                               stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -50,6 +53,11 @@ def _ctrl_c(tmp_path, what):
     while not ready.exists():
         assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()
         time.sleep(0.05)
+    return driver, int(ready.read_text()), out
+
+
+def _ctrl_c(tmp_path, what):
+    driver, _, out = _started(tmp_path, what)
     os.killpg(driver.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     try:
         driver.wait(timeout=20)
@@ -98,8 +106,13 @@ def test_command_change_allows_only_a_larger_budget():
     assert command_change(old, ["data", "--lr", "5e-4", "--max-update", "200"]) == "more-updates"
     assert command_change(old, ["data", "--lr", "5e-4", "--max-update", "50"]) == "different: ... --max-update '100' now '50'"
     assert command_change(old, ["data", "--lr", "1e-3", "--max-update", "200"]) == "different: ... --lr '5e-4' now '1e-3'"
-    assert command_change(old, old + ["--seed", "2"]) == "different: 5 words against 7, from '--seed' on"
-    assert command_change(old, old[:1] + old[3:]) == "different: 5 words against 3, from '--lr' on"
+    # words added or left out: the diff's first change, named with the word before it
+    assert command_change(old, old + ["--seed", "2"]) == "different: 5 words against 7: '--seed 2' added after '100'"
+    assert command_change(old, old[:1] + old[3:]) == "different: 5 words against 3: '--lr 5e-4' left out after 'data'"
+    assert command_change(old + ["--seed", "1"], old[:3] + ["--seed", "1"] + old[3:] + ["--seed", "1"]) == \
+        "different: 7 words against 9: '--seed 1' added after '5e-4'"
+    assert command_change(["data", "--arch", "a", "--lr", "5e-4"], ["data", "--lr", "5e-4", "--arch", "a", "--cpu"]) \
+        == "different: 5 words against 6: '--lr 5e-4' added after 'data'"
 
 
 def test_a_runs_settings_leave_out_the_device_and_keep_the_tokens_per_update():
@@ -125,13 +138,7 @@ def test_a_run_moves_between_a_cpu_and_gpus_but_not_to_another_update_size():
 
 def test_sigterm_stops_a_decoding_cleanly_as_ctrl_c_does(tmp_path):
     # a batch system's time limit or `kill -- -PGID`: SIGTERM to the whole process group
-    ready, log, out = tmp_path / "ready", tmp_path / "generate.log", tmp_path / "generate.out"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, "decode", str(ready), str(log), str(out)],
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()
-        time.sleep(0.05)
+    driver, _, _ = _started(tmp_path, "decode")
     os.killpg(driver.pid, signal.SIGTERM)
     try:
         driver.wait(timeout=20)
@@ -183,3 +190,19 @@ def test_a_failed_training_or_decoding_names_its_run_and_its_log(tmp_path, capsy
         processes.decode("gl-en/run", refuse, str(tmp_path / "generate.out"), str(log), total=5)
     assert str(refused.value) == f"fairseq-generate refused gl-en/run: use p >= 1 (full log: {log})"
     assert not list(tmp_path.glob("generate.out*"))
+
+
+@pytest.mark.parametrize("what", ["train", "decode"])
+def test_sigterm_to_the_pipeline_alone_stops_its_child_too(tmp_path, what):
+    """`kill PID` of train.sh's or evaluate.sh's Python (not its group): the fairseq child is stopped and waited for
+    before the exit, so that no training runs on without the run's lock."""
+    driver, child, _ = _started(tmp_path, what)
+    os.kill(driver.pid, signal.SIGTERM)
+    try:
+        driver.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)
+        pytest.fail(f"{what}: SIGTERM did not stop the pipeline within 40 s")
+    assert driver.returncode == 143 and "[pipeline] terminated (SIGTERM)" in driver.stderr.read()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # gone, and reaped: no zombie left either

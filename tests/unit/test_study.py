@@ -90,7 +90,8 @@ def test_record_change():
     # a budget raised together with another change is no continuation
     assert records.record_change(rec, rec.replace("2000", "3000").replace("7e-4", "1e-3")) \
         == "different: train: ... --lr '7e-4' now '1e-3'"
-    assert records.record_change(rec, rec.replace(" --lr 7e-4", "")) == "different: train: 5 words against 3, from '--lr' on"
+    assert records.record_change(rec, rec.replace(" --lr 7e-4", "")) == \
+        "different: train: 5 words against 3: '--lr 7e-4' left out after '2000'"
     assert records.record_change(rec.splitlines()[0], rec) == \
         "different: the record has train lines, now decode and train"
 
