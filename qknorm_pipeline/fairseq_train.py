@@ -140,13 +140,18 @@ def ctrl_c_after(save):
 
 
 def within_budget(train_epoch):
-    """fairseq_cli.train.train (one epoch), which does nothing where the trainer holds --max-update updates."""
+    """fairseq_cli.train.train (one epoch), which does nothing where the checkpoint it starts from holds
+    --max-update updates. Only its first call: a budget lowered during training (ValDecay's stop at the end of
+    an epoch) keeps fairseq's one more update, validation and save, as before."""
+    started = []
+
     @functools.wraps(train_epoch)
     def train(cfg, trainer, task, epoch_itr):
         done, budget = trainer.get_num_updates(), cfg.optimization.max_update
-        if budget and done >= budget:
+        if not started and budget and done >= budget:
             logger.info(f"the checkpoint holds {done} updates, --max-update {budget}: nothing left to train")
             return [None], True
+        started.append(True)
         return train_epoch(cfg, trainer, task, epoch_itr)
     return train
 
