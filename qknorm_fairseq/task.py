@@ -80,7 +80,6 @@ def encoder_once(model, net_input):
     if not isinstance(encoder, TransformerEncoderBase):
         yield
         return
-    own = encoder.__dict__.get("forward")
     forward, first = encoder.forward, {}
 
     def once(src_tokens, src_lengths=None, return_all_hiddens=False, **kwargs):
@@ -95,14 +94,27 @@ def encoder_once(model, net_input):
             out.update(encoder_states=[], fc_results=[])
         return out
 
-    encoder.forward = once
-    try:
+    with mock.patch.object(encoder, "forward", once):
         yield
-    finally:
-        if own is None:
-            del encoder.forward
-        else:
-            encoder.forward = own
+
+
+# fairseq's generation flags, as {flag: (attribute, default)}: those the original code's search does not read,
+# and those that contradict GNMT's length normalisation
+TWT_UNREAD = {"--min-len": ("min_len", 1), "--unkpen": ("unkpen", 0), "--no-repeat-ngram-size": ("no_repeat_ngram_size", 0),
+              "--diverse-beam-groups": ("diverse_beam_groups", -1), "--match-source-len": ("match_source_len", False)}
+GNMT_CLASHES = {"--lenpen": ("lenpen", 1), "--unnormalized": ("unnormalized", False),
+                "--print-alignment": ("print_alignment", None), "--sampling": ("sampling", False)}
+
+
+def _given(args, flags):
+    """The FLAGS that ARGS sets to something other than their default."""
+    return [f for f, (attr, default) in flags.items()
+            if (value := getattr(args, attr, default)) is not None and value is not False and value != default]
+
+
+def _refuse(what, flags, instead):
+    if flags:
+        raise ValueError(f"{what} {', '.join(flags)}: drop {' and '.join(flags)}, or use {instead}")
 
 
 def gnmt_rerank(hypos, alpha):
@@ -195,27 +207,11 @@ class TranslationQKTask(TranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         if self.cfg.beam_search == "twt" and self.cfg.length_norm != "gnmt":
             raise ValueError("--beam-search twt ranks the beam by GNMT's normalised score: add --length-norm gnmt")
-        if self.cfg.beam_search == "twt":  # fairseq's generation options that the original code's search has not
-            unread = [name for name, given in (
-                ("--min-len", getattr(args, "min_len", 1) != 1),
-                ("--unkpen", getattr(args, "unkpen", 0) != 0),
-                ("--no-repeat-ngram-size", getattr(args, "no_repeat_ngram_size", 0) > 0),
-                ("--diverse-beam-groups", getattr(args, "diverse_beam_groups", -1) > 0),
-                ("--match-source-len", getattr(args, "match_source_len", False)),
-            ) if given]
-            if unread:
-                raise ValueError(f"--beam-search twt (the original code's search) has no {', '.join(unread)}: drop "
-                                 f"{' and '.join(unread)}, or use --beam-search fairseq")
-        if self.cfg.length_norm == "gnmt" and not getattr(args, "score_reference", False):
-            bad = [name for name, clash in (
-                ("--lenpen", getattr(args, "lenpen", 1) != 1),
-                ("--unnormalized", getattr(args, "unnormalized", False)),
-                ("--print-alignment", getattr(args, "print_alignment", False)),
-                ("--sampling", getattr(args, "sampling", False)),
-            ) if clash]
-            if bad:
-                raise ValueError(f"--length-norm gnmt does not combine with {', '.join(bad)}: drop "
-                                 f"{' and '.join(bad)}, or use --length-norm fairseq")
+        if self.cfg.length_norm == "gnmt" and not getattr(args, "score_reference", False):  # twt needs gnmt (above)
+            _refuse("--length-norm gnmt does not combine with", _given(args, GNMT_CLASHES), "--length-norm fairseq")
+            if self.cfg.beam_search == "twt":
+                _refuse("--beam-search twt (the original code's search) has no", _given(args, TWT_UNREAD),
+                        "--beam-search fairseq")
             if seq_gen_cls is not None:
                 raise ValueError(f"--length-norm gnmt cannot wrap the custom generator {seq_gen_cls.__name__}")
             seq_gen_cls = TwTSequenceGenerator if self.cfg.beam_search == "twt" else GNMTSequenceGenerator
