@@ -57,7 +57,9 @@ class QKNormConfig(FairseqDataclass):
                                          "one language a side (qknorm_fairseq/language_embedding.py)"})
     target_vocab_mask: bool = field(
         default=False, metadata={"help": "set to -inf the logits of types never seen on the target side of the "
-                                         "train split (use with --criterion masked_label_smoothed_cross_entropy)"})
+                                         "train split (use with --criterion masked_label_smoothed_cross_entropy); saved with "
+                                         "the model; with --task translation_qk a training from a checkpoint (resumed "
+                                         "or fine-tuned on other data) allows the checkpoint's types and its own"})
     output_bias: bool = field(
         default=False, metadata={"help": "a learned, zero-initialised bias on the output logits, as in both "
                                          "original code bases"})

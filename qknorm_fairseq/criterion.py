@@ -57,7 +57,8 @@ def masked_label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, r
         target = target.unsqueeze(-1)
     if allowed is None:
         allowed = torch.isfinite(lprobs)
-    nll_loss = -lprobs.gather(dim=-1, index=target).clamp(min=-MASKED_TARGET_NLL)
+    nll_loss = -lprobs.gather(dim=-1, index=target)
+    nll_loss = nll_loss.masked_fill(nll_loss == float("inf"), MASKED_TARGET_NLL)  # forbidden targets only
     smooth_loss = -lprobs.masked_fill(~allowed, 0.0).sum(dim=-1, keepdim=True)
     n_allowed = allowed.sum(dim=-1, keepdim=True).to(lprobs.dtype)
     if ignore_index is not None:
@@ -115,8 +116,8 @@ class FusedLabelSmoothedNLL(torch.autograd.Function):
             lse, tgt, total = _blocked_statistics(logits, target, forbidden, acc)
         weights = allowed.to(acc) if allowed is not None else None
         nll = lse - tgt
-        live = nll <= MASKED_TARGET_NLL  # the clamp of masked_label_smoothed_nll_loss passes no gradient
-        nll = nll.clamp(max=MASKED_TARGET_NLL)
+        live = nll != float("inf")  # a forbidden target's nll is a constant there: no gradient
+        nll = nll.masked_fill(~live, MASKED_TARGET_NLL)
         smooth = n * lse - total
         keep = target.ne(ignore_index) if ignore_index is not None else torch.ones_like(live)
         nll, smooth = nll * keep, smooth * keep

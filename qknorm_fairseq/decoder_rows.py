@@ -341,7 +341,8 @@ def allowed_types(decoder):
         if missing:
             raise ValueError(f"the target vocabulary mask (loaded from a checkpoint trained on other data) forbids "
                              f"{missing} of the training targets' types, to which --packed-decoder gives no logits: "
-                             "drop --packed-decoder or --target-vocab-mask")
+                             "train with --task translation_qk (which allows them), or drop --packed-decoder or "
+                             "--target-vocab-mask")
         types = mask.nonzero().squeeze(1)
         column = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
         column[types] = torch.arange(len(types), device=mask.device)

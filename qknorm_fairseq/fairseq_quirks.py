@@ -8,7 +8,8 @@
   vocabulary mask, ValDecay's decisions) carry the rank and are kept on every rank.
 - fairseq's import_user_module refuses a second --user-dir whose folder is also named
   "qknorm_fairseq" once the package is imported; recording our own path in its memo makes
-  `import qknorm_fairseq` followed by `--user-dir <this folder>` a no-op instead of an error.
+  `import qknorm_fairseq` followed by `--user-dir <this folder>` a no-op instead of an error,
+  whichever symbolic links either path goes through (the memo compares real paths).
 """
 import logging
 import os
@@ -23,7 +24,17 @@ _root.setLevel(_level)
 _root.handlers[:] = _handlers
 logging.getLogger("qknorm_fairseq").setLevel(logging.INFO)
 
-_memo = getattr(utils.import_user_module, "memo", set())
-_memo.add(os.path.dirname(os.path.abspath(__file__)))
-utils.import_user_module.memo = _memo
+
+class _RealPaths(set):
+    """fairseq's memo of imported --user-dir folders, each held and looked up by its real path."""
+
+    def add(self, path):
+        super().add(os.path.realpath(path))
+
+    def __contains__(self, path):
+        return super().__contains__(os.path.realpath(path))
+
+
+utils.import_user_module.memo = _RealPaths(map(os.path.realpath, getattr(utils.import_user_module, "memo", ())))
+utils.import_user_module.memo.add(os.path.dirname(__file__))
 del fairseq

@@ -302,6 +302,8 @@ class QKDecoder(TransformerDecoderBase):
         self.output_bias = nn.Parameter(torch.zeros(len(dictionary))) if cfg.output_bias else None
         self.packed, self.packed_groups = bool(cfg.packed_decoder), cfg.packed_groups
         self.allowed_only = False  # set by the model's build_model
+        self.train_types = None  # the mask build_model made from the training targets
+        self.widen_loaded_mask = False  # set by build_model when it builds a model to train
         self.fused_kernels = bool(cfg.fused_kernels)  # read by the criterion's --fused-loss
         if self.packed:
             problem = rows_problem(self) or (cfg.checkpoint_activations and "--checkpoint-activations wraps its layers")
@@ -359,7 +361,21 @@ class QKDecoder(TransformerDecoderBase):
         if not self.mask_output:
             # checkpoints from before the buffer was conditional carry an all-True mask
             state_dict.pop(prefix + "allowed_types", None)
+        elif self.widen_loaded_mask and prefix + "allowed_types" in state_dict:
+            state_dict[prefix + "allowed_types"] = self.training_mask(state_dict[prefix + "allowed_types"])
         return state_dict
+
+    def training_mask(self, loaded):
+        """The mask a training goes on with from a checkpoint's mask LOADED: the types it allows and those of
+        this training's targets (a resume: the same mask; fine-tuning on other data: its new types too, which
+        the checkpoint's mask alone would give -inf logits and no gradient)."""
+        new = int((self.train_types & ~loaded.to(self.train_types.device)).sum())
+        if not new:
+            return loaded
+        mask = loaded.to(self.train_types.device) | self.train_types
+        logger.info(f"{distributed.rank_tag()}target vocabulary mask: the checkpoint's {int(loaded.sum())} types and "
+                    f"{new} more from the training targets, {int(mask.sum())} of {len(mask)} types can be generated")
+        return mask.to(loaded.device)
 
 
 # --- model --------------------------------------------------------------------------------------
@@ -395,12 +411,13 @@ class QKTransformerModel(TransformerModel):
             distributed.same_on_all_ranks("the target vocabulary mask",
                                           hashlib.sha1(allowed.numpy().tobytes()).hexdigest())
             model.decoder.allowed_types.copy_(allowed)
+            model.decoder.train_types = allowed
+            # a checkpoint loaded into a training (resumed or fine-tuned) keeps these types allowed
+            model.decoder.widen_loaded_mask = not _from_checkpoint(task)
         # the packed decoder's logits of the allowed types only, with targets as their columns, which
         # only this plugin's criterion reads (fairseq's would take column padding_idx for padding)
         model.decoder.allowed_only = bool(args.packed_decoder and args.target_vocab_mask
                                           and getattr(args, "criterion", None) == criterion.NAME)
-        if model.decoder.allowed_only:
-            model.decoder.train_types = allowed
         return model
 
     @classmethod

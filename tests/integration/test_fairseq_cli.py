@@ -64,6 +64,35 @@ def test_resume_from_checkpoint_last(tiny_data, trained, tmp_path):
     assert "epoch 003" in log and "epoch 001 |" not in log
 
 
+def test_fine_tuning_on_other_data_allows_its_target_types(tiny_data, trained, tmp_path):
+    """`--finetune-from-model` on a corpus whose targets hold types the checkpoint's mask forbids (the tiny
+    corpus the other way round, with the same dictionary): the new types become allowed, so their gold
+    tokens get logits and a gradient; the old ones stay allowed."""
+    import torch
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid"):
+        for side, other in (("src", "tgt"), ("tgt", "src")):
+            (raw / f"{split}.{side}").write_text((tiny_data / "raw" / f"{split}.{other}").read_text())
+    fairseq("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+            "--validpref", raw / "valid", "--destdir", tmp_path / "bin", "--joined-dictionary",
+            "--srcdict", tiny_data / "bin" / "dict.src.txt", "--workers", "1")
+    old = trained["transformer_qknorm"][0] / "checkpoint_last.pt"
+    log = fairseq_inprocess("train", *train_args(tmp_path / "bin", tmp_path / "tuned", "transformer_qknorm", "--task",
+                                                 "translation_qk", "--finetune-from-model", old, max_epoch=1))
+    masks = [torch.load(f, weights_only=False)["model"]["decoder.allowed_types"] for f in (old, tmp_path / "tuned" /
+                                                                                          "checkpoint_last.pt")]
+    with open(tiny_data / "bin" / "dict.src.txt") as f:
+        index = {line.split()[0]: i + 4 for i, line in enumerate(f)}  # after fairseq's four specials
+    new_types = torch.zeros_like(masks[0])
+    new_types[[index[w] for w in (raw / "train.tgt").read_text().split()]] = True
+    assert (new_types & ~masks[0]).sum() == 24, "the old mask forbids the new corpus's 24 target words"
+    assert torch.equal(masks[1], masks[0] | new_types)
+    assert (f"target vocabulary mask: the checkpoint's {int(masks[0].sum())} types and 24 more from the training "
+            f"targets, {int(masks[1].sum())} of {len(masks[1])} types can be generated") in log
+
+
 def test_validate_loads_checkpoint(tiny_data, trained):
     save_dir, _ = trained["transformer_hnas"]
     proc = fairseq("validate", tiny_data / "bin", "--task", "translation", "--user-dir", USER_DIR, "--path",
@@ -105,6 +134,22 @@ def test_import_then_user_dir_does_not_double_register(tiny_data):
             "print('ok', a.arch)\n")
     proc = run([sys.executable, "-c", code], cwd=REPO)
     assert "ok transformer_qknorm" in proc.stdout
+
+
+def test_user_dir_through_a_symbolic_link_after_import(tiny_data, tmp_path):
+    """The package imported from its folder, then --user-dir given as a link to it (or the reverse, as a
+    symlinked virtual environment does): the same package, no "not globally unique" error."""
+    link = tmp_path / "linked" / "qknorm_fairseq"
+    link.parent.mkdir()
+    link.symlink_to(USER_DIR, target_is_directory=True)
+    for imported, given in ((USER_DIR, link), (link, USER_DIR)):
+        code = (f"import sys; sys.path.insert(0, {str(os.path.dirname(imported))!r})\n"
+                "import qknorm_fairseq, argparse\n"
+                "from fairseq import utils\n"
+                f"utils.import_user_module(argparse.Namespace(user_dir={str(given)!r}))\n"
+                "print('ok', qknorm_fairseq.__file__)\n")
+        proc = run([sys.executable, "-c", code], cwd=tmp_path)
+        assert f"ok {imported}" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_checkpoint_holds_no_unsafe_globals_beyond_the_allow_list(trained):

@@ -121,6 +121,31 @@ def test_fused_loss_is_the_log_softmax_loss(monkeypatch, masked, uniform, kernel
     assert not grad[:4].any(), "padding rows get no gradient"
 
 
+@pytest.mark.parametrize("fused", [False, True, COMPILED], ids=["log_softmax", "fused", "fused-kernels"])
+def test_an_allowed_target_far_behind_keeps_its_loss_and_gradient(fused):
+    """Only a target the mask forbids costs MASKED_TARGET_NLL: an allowed one whose log-probability
+    is below -MASKED_TARGET_NLL (a diverging run) keeps its nll and its gradient, as in fairseq's
+    label_smoothed_nll_loss (fp64, no mask: the same loss written out by fairseq)."""
+    torch.manual_seed(4)
+    logits = torch.randn(6, 9, dtype=torch.float64)
+    target = torch.tensor([2, 3, 4, 5, 6, 7])
+    logits[0, 2] -= 150.0  # nll about 150
+    logits[3, 5] -= 400.0
+    x = logits.clone().requires_grad_()
+    if fused is False:
+        loss, nll = masked_label_smoothed_nll_loss(torch.log_softmax(x, -1), target, 0.1, ignore_index=1,
+                                                   allowed=torch.ones(9, dtype=torch.bool))
+    else:
+        loss, nll = FusedLabelSmoothedNLL.apply(x, target, 0.1, 1, None, False, fused)
+    (loss + 0.3 * nll).backward()
+    y = logits.clone().requires_grad_()
+    ref_loss, ref_nll = label_smoothed_nll_loss(torch.log_softmax(y, -1), target, 0.1, ignore_index=1)
+    (ref_loss + 0.3 * ref_nll).backward()
+    assert ref_nll > 500 and torch.allclose(nll, ref_nll, rtol=1e-12) and torch.allclose(loss, ref_loss, rtol=1e-12)
+    assert torch.allclose(x.grad, y.grad, rtol=1e-10, atol=1e-14)
+    assert x.grad[0, 2] < -0.9 and x.grad[3, 5] < -0.9, "the far-behind gold types are pulled up"
+
+
 @pytest.mark.parametrize("kernels", [False, COMPILED])
 def test_fused_loss_on_bf16_logits_accumulates_in_fp32(kernels):
     """bf16 logits of the gl->en size, no mask: the loss of the very same values computed in fp64, to fp32

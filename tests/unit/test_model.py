@@ -162,6 +162,25 @@ def test_g0_and_the_mask_come_from_the_training_data_as_fairseq_finds_it(tiny_da
     assert "QKNorm g0 left at 1.0 (the checkpoint's g will be loaded)" in caplog.text
 
 
+def test_a_training_widens_a_loaded_mask_by_its_targets_and_decoding_keeps_it(tiny_data):
+    """translation_qk's training (resumed or fine-tuned) keeps its training targets' types allowed over a
+    checkpoint's mask; a model built to decode a checkpoint takes the checkpoint's mask as it is."""
+    pair = ["--task", "translation_qk"]
+    model, task = build(tiny_data / "bin", "transformer_qknorm", *pair)
+    allowed = model.decoder.allowed_types.clone()
+    trained_on, other = int(allowed.nonzero()[-1]), int((~allowed).nonzero()[-1])
+    loaded = allowed.clone()
+    loaded[trained_on], loaded[other] = False, True
+    model.load_state_dict({**model.state_dict(), "decoder.allowed_types": loaded.clone()})
+    assert torch.equal(model.decoder.allowed_types, allowed | loaded)
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(tiny_data / "bin"), "--user-dir", USER_DIR, *pair, "--arch", "transformer_qknorm", *TINY_MODEL,
+        "--share-all-embeddings", "--criterion", "masked_label_smoothed_cross_entropy"])
+    decoding = tasks.setup_task(args).build_model(args, from_checkpoint=True)
+    decoding.load_state_dict({**model.state_dict(), "decoder.allowed_types": loaded.clone()})
+    assert torch.equal(decoding.decoder.allowed_types, loaded)
+
+
 def test_target_vocab_mask(tiny_data):
     model, task = build(tiny_data / "bin", "transformer_fixnorm")
     d = task.target_dictionary
