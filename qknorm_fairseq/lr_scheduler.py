@@ -108,9 +108,9 @@ class ValDecaySchedule(FairseqLRScheduler):
             raise RuntimeError("val_decay: --decay-stop-lr needs the scheduler built by fairseq-train")
         current = root.optimization.max_update
         if not current or current > num_updates:
-            root.optimization.max_update = num_updates
+            root.optimization.max_update = current = num_updates
         logger.info(f"{rank_tag()}val_decay: LR {self.flat_lr:.6g} < --decay-stop-lr {self.cfg.decay_stop_lr}: "
-                    f"stopping training (max_update set to {num_updates})")
+                    f"stopping training (max_update {current})")
 
     # --- the rule -------------------------------------------------------------------
     def _worse_than_all(self, value, previous):

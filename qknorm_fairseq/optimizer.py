@@ -11,10 +11,10 @@ torch.optim.AdamW in where eps enters:
     p = p - lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
 
 (torch adds eps to sqrt(v / (1 - b2^t)), so its eps is larger by 1 / sqrt(1 - b2^t) early in
-training). Its state (step, exp_avg, exp_avg_sq per parameter) is fairseq's, so a checkpoint of
-either optimizer resumes with the other. The LR scheduler and fp16/bf16 (fp32 master weights) are
-fairseq's, as with `adam`; the gradient norm for clipping, one `norm` per parameter in fairseq, is
-one multi-tensor operation here, with the same result.
+training). Its state (step, exp_avg, exp_avg_sq per parameter) is fairseq's, though fairseq-train
+refuses to resume one optimizer's checkpoint with the other (it compares the class names). The LR
+scheduler and fp16/bf16 (fp32 master weights) are fairseq's, as with `adam`; the gradient norm for
+clipping, one `norm` per parameter in fairseq, is one multi-tensor operation here, with the same result.
 
 With `--fused-adam` on a CPU the update is one C loop (csrc/flat_adam.c, built by native.py). Under
 `--bf16`, trainer.FlatBF16Optimizer's flat fp32 master steps in it, reading the model's bf16 gradients and

@@ -106,6 +106,12 @@ GNMT_CLASHES = {"--lenpen": ("lenpen", 1), "--unnormalized": ("unnormalized", Fa
                 "--print-alignment": ("print_alignment", None), "--sampling": ("sampling", False)}
 
 
+def _should_stop_early():
+    from fairseq_cli import train  # fairseq-train's own module: its early stop keeps its count on this function
+
+    return train.should_stop_early
+
+
 def _given(args, flags):
     """The FLAGS that ARGS sets to something other than their default."""
     return [f for f, (attr, default) in flags.items()
@@ -294,6 +300,21 @@ class TranslationQKTask(TranslationTask):
         # about a batch of 100 or more hypotheses ending in " ." (same score), printed every validation.
         with mock.patch.object(sacrebleu, "corpus_bleu", functools.partial(sacrebleu.corpus_bleu, force=True)):
             return super()._inference_with_bleu(generator, sample, model)
+
+    # fairseq-train counts --patience on its should_stop_early function, which a resume starts afresh (a
+    # resumed run would train longer than one that was never stopped); fairseq saves a task's dict with the
+    # checkpoint and hands it back on a resume (not when fine-tuning, which resets the data loader)
+    def get_checkpoint_dict(self):
+        stop = _should_stop_early()
+        if getattr(stop, "best", None) is None:
+            return {}
+        return {type(self).__name__: {"patience": {"best": float(stop.best), "num_runs": int(stop.num_runs)}}}
+
+    def set_checkpoint_dict(self, state):
+        if "patience" in state:
+            stop = _should_stop_early()
+            stop.best, stop.num_runs = state["patience"]["best"], state["patience"]["num_runs"]
+            logger.info(f"--patience: {stop.num_runs} validations since the best one ({stop.best}), from the checkpoint")
 
     def begin_valid_epoch(self, epoch, model):
         super().begin_valid_epoch(epoch, model)

@@ -29,12 +29,18 @@ def read_lines(path):
     # newline="": no universal-newline translation, a lone "\r" stays inside its sentence
     with open(path, encoding="utf-8", newline="") as f:
         try:
-            return split_lines(f.read())
+            text = f.read()
         except UnicodeDecodeError as e:
             from .cli import UserError
 
             raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}): convert it, "
                             "e.g. iconv -f LATIN1 -t UTF-8 FILE > FILE.utf8") from None
+    if "\n" not in text and text.count("\r") > 1:
+        from .cli import UserError
+
+        raise UserError(f"{path} ends its lines with a bare carriage return (\\r, old Mac OS line endings), which "
+                        "would make it one line: convert it, e.g. tr '\\r' '\\n' < FILE > FILE.unix")
+    return split_lines(text)
 
 
 def count_lines(path):

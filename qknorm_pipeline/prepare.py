@@ -32,7 +32,7 @@ from . import processes, recipes
 from .cli import Parser, UsageError, UserError, log, one_pair, prog
 from .cli import main as run_main
 from .data.common import FAIRSEQ_SPLIT
-from .files import atomic_dir, file_digest
+from .files import atomic_dir, file_digest, locked
 from .names import PAIR
 from .paths import folders
 
@@ -101,12 +101,16 @@ def fastbpe(tok, out, src, tgt, merges, work_log):
 
 def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=None, force=False, where=None):
     """Tokenized text, BPE and binarized data of PAIR, each stage skipped when done with the same settings."""
-    from .data.spm import spm_encode_dir
+    from .data.spm import NORMALIZATION, spm_encode_dir
     from .data.stats import write_stats
     from .data.tokenize import tokenize_dir
 
     where = where or folders()
     src, tgt, tokenized, bpe, merges, max_len = settings(pair, src_dir, tokenized, bpe, merges, max_len)
+    work = os.path.join(where.data, pair)
+    if "," in work:
+        raise UsageError(f"the data folder {work} holds a comma, which fairseq-preprocess reads as a list of files: "
+                         "set DATA_DIR to a path without one")
     if src_dir:
         if not os.path.isdir(src_dir):
             raise UsageError(f"--src-dir {src_dir} is not a folder")
@@ -116,61 +120,64 @@ def prepare(pair, src_dir=None, tokenized=None, bpe=None, merges=None, max_len=N
         if not processes.is_done(in_dir):
             raise UserError(f"no downloaded data for {pair} in {in_dir}: run bash scripts/download.sh --pair {pair} "
                             "first (or pass --src-dir DIR)")
-    work, out = os.path.join(where.data, pair), os.path.join(where.data_bin, pair)
+    out = os.path.join(where.data_bin, pair)
     tok, bpe_dir = os.path.join(work, "tok"), os.path.join(work, "bpe")
-    raw_flag = "--tokenized" if tokenized else "--raw"
-    # the input's content, not only its folder: a corpus replaced in place is prepared again
-    inputs = [os.path.join(in_dir, f"{split}.{lang}") for split in FAIRSEQ_SPLIT for lang in (src, tgt)]
-    content = hashlib.sha256("".join(file_digest(p) if os.path.isfile(p) else "-" for p in inputs).encode()).hexdigest()
-    key_tok = f"input={in_dir} {raw_flag} max_len={max_len} content={content}"
-    key_bpe = f"{key_tok} bpe={bpe} size={merges}"
+    os.makedirs(work, exist_ok=True)
+    # two prepares of one pair at once would replace each other's stages
+    with locked(work, lambda: log(TAG, f"waiting for another prepare of {pair} ({work}) to finish")):
+        raw_flag = "--tokenized" if tokenized else "--raw"
+        # the input's content, not only its folder: a corpus replaced in place is prepared again
+        inputs = [os.path.join(in_dir, f"{split}.{lang}") for split in FAIRSEQ_SPLIT for lang in (src, tgt)]
+        content = hashlib.sha256("".join(file_digest(p) if os.path.isfile(p) else "-" for p in inputs).encode()).hexdigest()
+        key_tok = f"input={in_dir} {raw_flag} max_len={max_len} content={content}"
+        key_bpe = f"{key_tok} bpe={bpe} size={merges}" + (f" normalization={NORMALIZATION}" if bpe == "sentencepiece" else "")
 
-    def up_to_date(folder, key):
-        return not force and processes.is_done(folder, key)
+        def up_to_date(folder, key):
+            return not force and processes.is_done(folder, key)
 
-    # 1. tokenize (raw input only), check alignment, filter train by length
-    if up_to_date(tok, key_tok):
-        log(TAG, f"tokenized text up to date: {tok}")
-    else:
-        log(TAG, f"tokenizing {in_dir} ({raw_flag}, train length filter {max_len} tokens)")
-        counts = tokenize_dir(in_dir, tok, src, tgt, not tokenized, max_len)  # checks the input, then replaces tok
-        for stale in (bpe_dir, out):  # built from the text just replaced; a bad input left them as they were
-            shutil.rmtree(stale, ignore_errors=True)
-        log(TAG, "lines: " + ", ".join(f"{k} {v['kept']}/{v['input']}" for k, v in counts.items()))
-        processes.mark_done(tok, key_tok)
+        # 1. tokenize (raw input only), check alignment, filter train by length
+        if up_to_date(tok, key_tok):
+            log(TAG, f"tokenized text up to date: {tok}")
+        else:
+            log(TAG, f"tokenizing {in_dir} ({raw_flag}, train length filter {max_len} tokens)")
+            counts = tokenize_dir(in_dir, tok, src, tgt, not tokenized, max_len)  # checks the input, then replaces tok
+            for stale in (bpe_dir, out):  # built from the text just replaced; a bad input left them as they were
+                shutil.rmtree(stale, ignore_errors=True)
+            log(TAG, "lines: " + ", ".join(f"{k} {v['kept']}/{v['input']}" for k, v in counts.items()))
+            processes.mark_done(tok, key_tok)
 
-    # 2. joint BPE learned on train (both sides), applied to every split
-    if up_to_date(bpe_dir, key_bpe):
-        log(TAG, f"BPE up to date: {bpe_dir}")
-    else:
-        with atomic_dir(bpe_dir) as tmp:
-            if bpe == "fastbpe":
-                fastbpe(tok, tmp, src, tgt, merges, os.path.join(work, "applybpe.log"))
-            else:
-                log(TAG, f"training a joint SentencePiece BPE model (vocabulary {merges})")
-                spm_encode_dir(tok, tmp, src, tgt, merges)
+        # 2. joint BPE learned on train (both sides), applied to every split
+        if up_to_date(bpe_dir, key_bpe):
+            log(TAG, f"BPE up to date: {bpe_dir}")
+        else:
+            with atomic_dir(bpe_dir) as tmp:
+                if bpe == "fastbpe":
+                    fastbpe(tok, tmp, src, tgt, merges, os.path.join(work, "applybpe.log"))
+                else:
+                    log(TAG, f"training a joint SentencePiece BPE model (vocabulary {merges})")
+                    spm_encode_dir(tok, tmp, src, tgt, merges)
+                processes.mark_done(tmp, key_bpe)
+            shutil.rmtree(out, ignore_errors=True)  # binarized from the BPE just replaced
+
+        # 3. binarize with a joined dictionary, then stats.json
+        if up_to_date(out, key_bpe):
+            log(TAG, f"binarized data up to date: {out}")
+            return out
+        with atomic_dir(out) as tmp:
+            log(TAG, "binarizing with fairseq-preprocess --joined-dictionary")
+            workers = min(os.cpu_count() or 1, 8)
+            processes.run_logged(
+                ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", f"{bpe_dir}/train",
+                 "--validpref", f"{bpe_dir}/valid", "--testpref", f"{bpe_dir}/test", "--destdir", tmp,
+                 "--joined-dictionary", "--workers", str(workers)], os.path.join(work, "preprocess.log"),
+                "fairseq-preprocess")
+            for name in (("codes", "vocab") if bpe == "fastbpe" else ("spm.model", "spm.vocab")):
+                shutil.copy(os.path.join(bpe_dir, name), tmp)
+            st = write_stats(tmp, tok, bpe_dir, src, tgt, pair, bpe, merges)
+            log(TAG, f"stats: L(97.5%) = {st['length_p97.5']}, target vocab {st['target_vocab_size']} types")
             processes.mark_done(tmp, key_bpe)
-        shutil.rmtree(out, ignore_errors=True)  # binarized from the BPE just replaced
-
-    # 3. binarize with a joined dictionary, then stats.json
-    if up_to_date(out, key_bpe):
-        log(TAG, f"binarized data up to date: {out}")
+        log(TAG, f"{pair}: done -> {out}")
         return out
-    with atomic_dir(out) as tmp:
-        log(TAG, "binarizing with fairseq-preprocess --joined-dictionary")
-        workers = min(os.cpu_count() or 1, 8)
-        processes.run_logged(
-            ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", f"{bpe_dir}/train",
-             "--validpref", f"{bpe_dir}/valid", "--testpref", f"{bpe_dir}/test", "--destdir", tmp,
-             "--joined-dictionary", "--workers", str(workers)], os.path.join(work, "preprocess.log"),
-            "fairseq-preprocess")
-        for name in (("codes", "vocab") if bpe == "fastbpe" else ("spm.model", "spm.vocab")):
-            shutil.copy(os.path.join(bpe_dir, name), tmp)
-        st = write_stats(tmp, tok, bpe_dir, src, tgt, pair, bpe, merges)
-        log(TAG, f"stats: L(97.5%) = {st['length_p97.5']}, target vocab {st['target_vocab_size']} types")
-        processes.mark_done(tmp, key_bpe)
-    log(TAG, f"{pair}: done -> {out}")
-    return out
 
 
 def parser():

@@ -93,8 +93,11 @@ def fairseq_inprocess(tool, *args):
     from fairseq import checkpoint_utils
 
     mod = importlib.import_module(f"fairseq_cli.{tool}")
-    # fairseq keeps the best validation score of a run on a function attribute: forget it
+    # fairseq keeps the best validation score of a run, and --patience's count, on function attributes: forget them
     checkpoint_utils.save_checkpoint.__dict__.pop("best", None)
+    if tool == "train":
+        for name in ("best", "num_runs"):
+            mod.should_stop_early.__dict__.pop(name, None)
     buffer = io.StringIO()
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(name)s | %(message)s"))

@@ -8,6 +8,8 @@ from ..files import atomic_dir, read_lines, write_lines
 from .common import FAIRSEQ_SPLIT, DataError
 from .readers import check_aligned
 
+BOM = "\ufeff"
+
 
 def tokenize_dir(in_dir, out_dir, src, tgt, raw, max_len):
     texts = {}
@@ -18,7 +20,11 @@ def tokenize_dir(in_dir, out_dir, src, tgt, raw, max_len):
             if not os.path.exists(path):
                 raise DataError(f"missing {path}: --src-dir needs train, dev and test files for both "
                                 f"languages ({name}.{src}, {name}.{tgt})")
-            sides.append(read_lines(path))
+            lines = read_lines(path)
+            if lines and lines[0].startswith(BOM):  # an editor's byte-order mark, not text
+                log("prepare", f"{path}: a byte-order mark (U+FEFF) before the first line, left out")
+                lines[0] = lines[0][1:]
+            sides.append(lines)
         check_aligned(len(sides[0]), len(sides[1]), f"{in_dir}/{name}.{{{src},{tgt}}}")
         if not sides[0]:
             raise DataError(f"{in_dir}/{name}.{src} is empty")

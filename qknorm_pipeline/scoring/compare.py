@@ -412,8 +412,11 @@ def parser():
 def run(args):
     from ..paths import folders
 
-    if args.n_samples < 1:
-        raise UsageError(f"--n-samples must be a positive integer, got {args.n_samples}")
+    if args.n_samples < 2:
+        raise UsageError(f"--n-samples must be at least 2 (the seeded test estimates a variance from the resamples), "
+                         f"got {args.n_samples}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
     where = folders()
     results_dir = args.results_dir or where.results
     pair = one_pair(args, default="all")

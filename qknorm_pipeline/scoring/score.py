@@ -128,9 +128,11 @@ def main(argv=None):
     ap = parser()
 
     def run(args):
-        n_samples = args.n_samples or (1000 if args.test == "bootstrap" else 10000)
+        n_samples = args.n_samples if args.n_samples is not None else 1000 if args.test == "bootstrap" else 10000
         if n_samples < 1:
-            ap.error("--n-samples must be positive")
+            ap.error(f"--n-samples must be positive, got {n_samples}")
+        if args.seed < 0:
+            ap.error(f"--seed must be a non-negative integer, got {args.seed}")
         result = score_systems(args.ref, ap.named(args.sys, "--sys", "NAME=HYP"), baseline=args.baseline,
                                detok=args.detok, lang=args.lang, metric=args.metric, test=args.test,
                                n_samples=n_samples, seed=args.seed,

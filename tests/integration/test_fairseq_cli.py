@@ -93,6 +93,30 @@ def test_fine_tuning_on_other_data_allows_its_target_types(tiny_data, trained, t
             f"targets, {int(masks[1].sum())} of {len(masks[1])} types can be generated") in log
 
 
+def test_patience_counts_across_a_resume(tiny_data, tmp_path):
+    """fairseq's --patience with translation_qk: a run stopped at update 6 and resumed stops where the run that
+    was never stopped does (a dev loss 'maximised' never improves: the stop comes 3 validations after the
+    first, at update 8), not 3 validations after the resume."""
+    import torch
+
+    def train(folder, max_update):
+        return fairseq_inprocess("train", *train_args(
+            tiny_data / "bin", folder, "transformer_qknorm", "--task", "translation_qk", "--best-checkpoint-metric",
+            "loss", "--maximize-best-checkpoint-metric", "--validate-interval-updates", "2", "--save-interval-updates",
+            "2", "--validate-interval", "1000000", "--patience", "3", "--max-update", str(max_update), max_epoch=100))
+
+    def updates(folder):
+        return torch.load(folder / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]["num_updates"]
+
+    log = train(tmp_path / "whole", 100)
+    assert "early stop since valid performance hasn't improved for last 3 runs" in log and updates(tmp_path / "whole") == 8
+    train(tmp_path / "resumed", 6)
+    assert updates(tmp_path / "resumed") == 6
+    log = train(tmp_path / "resumed", 100)
+    assert "--patience: 2 validations since the best one" in log, log[-3000:]
+    assert updates(tmp_path / "resumed") == 8
+
+
 def test_validate_loads_checkpoint(tiny_data, trained):
     save_dir, _ = trained["transformer_hnas"]
     proc = fairseq("validate", tiny_data / "bin", "--task", "translation", "--user-dir", USER_DIR, "--path",

@@ -101,20 +101,60 @@ def test_demo_end_to_end_and_resume(tmp_path):
     assert json.loads((out / "stats.json").read_text())["lines"] == stats["lines"]
 
 
+def test_a_second_prepare_of_a_pair_waits_for_the_first(tmp_path):
+    """While another process prepares the pair (holding its folder's lock), prepare.sh says it waits, then
+    prepares once the lock is free."""
+    import fcntl
+    import time
+
+    sh(tmp_path, "download.sh", "--pair", "demo")
+    work = tmp_path / "data" / "demo"
+    fd = os.open(work, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(["bash", os.path.join(REPO, "scripts", "prepare.sh"), "--pair", "demo"],
+                                env=env_for(tmp_path), stdout=subprocess.DEVNULL, stderr=err, text=True)
+        try:
+            for _ in range(300):
+                if "waiting for another prepare of demo" in (tmp_path / "err").read_text() or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            assert proc.poll() is None and not (work / "tok").exists(), (tmp_path / "err").read_text()
+        finally:
+            os.close(fd)  # releases the lock
+        assert proc.wait(timeout=600) == 0, (tmp_path / "err").read_text()[-3000:]
+    assert f"waiting for another prepare of demo ({work}) to finish" in (tmp_path / "err").read_text()
+    assert (tmp_path / "data-bin" / "demo" / "stats.json").exists()
+
+
 def test_own_raw_corpus_with_sentencepiece(tmp_path):
     from qknorm_pipeline.data import demo as demo_corpus
 
     src_dir = tmp_path / "mine"
     data = demo_corpus.generate(4, (("train", 400), ("dev", 40), ("test", 40)))
     src_dir.mkdir()
+    # characters SentencePiece's default normalisation (NFKC) would rewrite; an editor's byte-order mark
+    special = " \uff12\uff10 \u2026 \ufb01 \uff1f"
     for split, pairs in data.items():
-        (src_dir / f"{split}.xx").write_text("".join(s + "\n" for s, _ in pairs))
-        (src_dir / f"{split}.yy").write_text("".join(t + "\n" for _, t in pairs))
+        bom = "\ufeff" if split in ("train", "test") else ""
+        (src_dir / f"{split}.xx").write_text(bom + "".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+        (src_dir / f"{split}.yy").write_text(bom + "".join(t + (special if i % 3 == 0 else "") + "\n"
+                                                           for i, (_, t) in enumerate(pairs)), encoding="utf-8")
     p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(src_dir), ok=False)
     assert p.returncode != 0 and "--tokenized" in p.stderr and "--raw" in p.stderr
-    sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(src_dir), "--raw", "--bpe", "sentencepiece",
-       "--merges", "120")
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(src_dir), "--raw", "--bpe", "sentencepiece",
+           "--merges", "120")
     stats = check_data_bin(tmp_path, "xx-yy", "xx", "yy", "\u2581")
+    # the pieces decode to the references exactly, the special characters as they were
+    from fairseq.data.data_utils import post_process
+
+    tok, bpe = tmp_path / "data/xx-yy/tok", tmp_path / "data/xx-yy/bpe"
+    for split in ("train", "valid", "test"):
+        assert [post_process(x, "sentencepiece") for x in lines(bpe / f"{split}.yy")] == lines(tok / f"{split}.yy")
+    assert lines(tok / "test.yy")[0].endswith(special)
+    assert p.stderr.count("a byte-order mark (U+FEFF) before the first line, left out") == 4
+    assert not any(lines(tok / f"{split}.{lang}")[0].startswith("\ufeff") for split in ("train", "test")
+                   for lang in ("xx", "yy"))
     assert stats["bpe"] == "sentencepiece" and stats["remove_bpe"] == "sentencepiece"
     assert (tmp_path / "data-bin/xx-yy/spm.model").exists()
     assert lines(tmp_path / "data/xx-yy/tok/test.xx")[0].endswith(" .")  # sacremoses split the period
@@ -135,6 +175,17 @@ def test_errors_leave_no_output(tmp_path):
     assert p.returncode != 0 and "--bpe must be fastbpe or sentencepiece" in p.stderr
     p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(tmp_path / "nowhere"), "--tokenized", ok=False)
     assert p.returncode == 2 and f"--src-dir {tmp_path / 'nowhere'} is not a folder" in p.stderr
+    # old Mac OS line endings (a bare \r): the file would be one line
+    for split in ("train", "dev", "test"):
+        for lang in ("xx", "yy"):
+            (bad / f"{split}.{lang}").write_text("a b\rc d\r", newline="")
+    p = sh(tmp_path, "prepare.sh", "--pair", "xx-yy", "--src-dir", str(bad), "--tokenized", ok=False)
+    assert p.returncode == 1 and f"{bad}/train.xx ends its lines with a bare carriage return" in p.stderr
+    assert "tr '\\r' '\\n' < FILE > FILE.unix" in p.stderr
+    # a comma in the data folder, which fairseq-preprocess would split into two file names
+    p = subprocess.run(["bash", os.path.join(REPO, "scripts", "prepare.sh"), "--pair", "demo"], capture_output=True,
+                       text=True, env=dict(env_for(tmp_path), DATA_DIR=str(tmp_path / "a,b")))
+    assert p.returncode == 2 and f"the data folder {tmp_path / 'a,b'}/demo holds a comma" in p.stderr
 
 
 def test_a_bad_new_input_leaves_a_prepared_pair_as_it_was(tmp_path):

@@ -67,5 +67,7 @@ def test_training_stops_below_min_lr(data_bin, tmp_path):
     # once more), saves and stops
     assert state["num_updates"] == crossing + 1 < 200
     assert state["decay_updates"][2:] in ([], [crossing + 1])
+    # a second crossing at the extra validation keeps the budget the first one set, and says so
+    assert set(re.findall(r"stopping training \(max_update (\d+)\)", log)) == {str(crossing)}
     assert "Stopping training due to num_updates" in log
 

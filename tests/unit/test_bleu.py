@@ -172,6 +172,19 @@ def test_cli_errors_name_the_files(tmp_path, capsys, case):
     assert {"count": "1 lines but reference", "empty": "is empty", "missing": "does not exist"}[case] in err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--n-samples", "0"], "--n-samples must be positive, got 0"),
+    (["--test", "ar", "--n-samples", "0"], "--n-samples must be positive, got 0"),
+    (["--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+])
+def test_cli_refuses_bad_resampling_flags(tmp_path, capsys, flags, message):
+    ref = _write(tmp_path, "ref.txt", ["a b", "c d"])
+    hyp = _write(tmp_path, "hyp.txt", ["a b", "c e"])
+    with pytest.raises(SystemExit) as stop:
+        cli(["--ref", ref, "--sys", f"a={hyp}", "--sys", f"b={ref}", "--baseline", "a", *flags])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_escape_mismatch_warns(tmp_path, capsys):
     ref = _write(tmp_path, "ref", ["it &apos;s fine"])
     hyp = _write(tmp_path, "hyp", ["it 's fine"])

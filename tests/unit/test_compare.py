@@ -96,6 +96,18 @@ def test_compare_errors(tmp_path):
         compare.build("en-vi", str(res))
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--n-samples", "1"], "--n-samples must be at least 2 (the seeded test estimates a variance from the resamples), "
+                           "got 1"),
+    (["--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+])
+def test_bad_resampling_flags_are_refused(tmp_path, capsys, flags, message):
+    res = _fixture_results(tmp_path)
+    assert compare.main(["--pair", "en-vi", "--results-dir", str(res), *flags]) == 2
+    assert f"[compare] error: {message}" in capsys.readouterr().err
+    assert not (res / "en-vi" / "compare.md").exists()
+
+
 def test_a_result_without_its_done_is_refused_unless_left_out(tmp_path, capsys):
     """evaluate.sh removes .done before it decodes again and writes it last: scores.json + hyp.txt
     without it may be an earlier decoding's (the new one failed or was stopped)."""
