@@ -14,6 +14,8 @@ import shutil
 import tempfile
 import zipfile
 
+from .cli import UserError
+
 
 def split_lines(text):
     """TEXT cut at "\\n" only; a final "\\n" ends the last line and a "\\r" before it is dropped
@@ -31,13 +33,9 @@ def read_lines(path):
         try:
             text = f.read()
         except UnicodeDecodeError as e:
-            from .cli import UserError
-
             raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}): convert it, "
                             "e.g. iconv -f LATIN1 -t UTF-8 FILE > FILE.utf8") from None
     if "\n" not in text and text.count("\r") > 1:
-        from .cli import UserError
-
         raise UserError(f"{path} ends its lines with a bare carriage return (\\r, old Mac OS line endings), which "
                         "would make it one line: convert it, e.g. tr '\\r' '\\n' < FILE > FILE.unix")
     return split_lines(text)
@@ -63,8 +61,6 @@ def read_json(path, fix, kind=dict):
         if isinstance(value, kind):
             return value
         problem = f"holds a {type(value).__name__}, not a {kind.__name__}"
-    from .cli import UserError
-
     raise UserError(f"{path}: {problem}: {fix}")
 
 
